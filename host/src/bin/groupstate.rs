@@ -1,0 +1,400 @@
+//! The `groupstate` command line: run a pipeline, generate the sensor workload,
+//! inspect a state dir or a plugin.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use groupstate::config::{ErrorPolicy, PipelineConfig, Stream, TimeoutKind};
+use groupstate::store::Store;
+use groupstate::workload::{SensorSpec, generate_sensor};
+use groupstate::{Clock, Pipeline, SystemClock};
+
+/// Per-key state machines over a stream, as sandboxed WebAssembly components.
+#[derive(Parser)]
+#[command(name = "groupstate", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a pipeline: read JSON Lines, call the plugin per key, keep state in sled.
+    Run(Box<RunArgs>),
+    /// Generate a workload.
+    Gen {
+        #[command(subcommand)]
+        workload: GenCommand,
+    },
+    /// Inspect a pipeline's state dir (keys, values, timers) as JSON Lines.
+    State(StateArgs),
+    /// Inspect a plugin component: size, imports, exports, info.
+    Plugin {
+        /// The component.
+        path: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum GenCommand {
+    /// The sensor-alerts workload (shared WORKLOAD.md).
+    Sensor {
+        /// Events to generate.
+        #[arg(long, default_value_t = 1_000_000)]
+        events: u64,
+        /// Distinct sensors.
+        #[arg(long, default_value_t = 10_000)]
+        sensors: u32,
+        /// Seed; the same seed gives the same file.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Output file, or - for stdout.
+        #[arg(long, default_value = "-")]
+        output: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// A TOML pipeline file; flags given as well override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The plugin component (.wasm).
+    #[arg(long)]
+    plugin: Option<PathBuf>,
+    /// JSON Lines input file, or - for stdin.
+    #[arg(long)]
+    input: Option<PathBuf>,
+    /// JSON Lines output file, or - for stdout.
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// State directory (created if absent).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Top-level string field holding the group key.
+    #[arg(long)]
+    key_field: Option<String>,
+    /// Top-level integer field holding event time in epoch milliseconds.
+    #[arg(long)]
+    time_field: Option<String>,
+    /// Timeout kind: none, processing-time or event-time.
+    #[arg(long)]
+    timeout: Option<TimeoutKind>,
+    /// The watermark trails the largest event time seen by this much.
+    #[arg(long)]
+    watermark_delay_ms: Option<i64>,
+    /// Records per micro-batch at most [default: 20000].
+    #[arg(long)]
+    batch_events: Option<usize>,
+    /// On a failed plugin call: fail, skip or dead-letter [default: fail].
+    #[arg(long)]
+    on_error: Option<ErrorPolicy>,
+    /// Dead-letter output [default: <state-dir>/dead-letter.jsonl].
+    #[arg(long)]
+    dead_letter: Option<PathBuf>,
+    /// Late-data output [default: <state-dir>/late.jsonl].
+    #[arg(long)]
+    late: Option<PathBuf>,
+    /// Keep reading after the end of the input; run empty batches on a timer.
+    #[arg(long)]
+    follow: bool,
+    /// Interval of empty batches with --follow [default: 1000].
+    #[arg(long)]
+    trigger_interval_ms: Option<u64>,
+    /// Stop after this many batches.
+    #[arg(long)]
+    batches_max: Option<u64>,
+    /// A plugin parameter, name=value (repeatable).
+    #[arg(long = "param", value_parser = parse_param)]
+    params: Vec<(String, String)>,
+    /// Do not fsync at every commit (a crash of the machine may lose recent
+    /// batches; a crash of the process still loses nothing).
+    #[arg(long)]
+    no_fsync: bool,
+    /// Directory of compiled plugins [default: ~/.cache/groupstate].
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// Do not cache compiled plugins.
+    #[arg(long)]
+    no_cache: bool,
+    /// CPU time per plugin call, ms [default: 1000].
+    #[arg(long)]
+    call_cpu_ms_max: Option<u64>,
+    /// Memory per plugin instance, bytes [default: 268435456].
+    #[arg(long)]
+    instance_memory_bytes_max: Option<u64>,
+    /// State value size per key, bytes [default: 1048576].
+    #[arg(long)]
+    state_bytes_max: Option<u64>,
+    /// No progress lines.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+fn parse_param(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("--param takes name=value, got {s:?}")),
+    }
+}
+
+#[derive(Args)]
+struct StateArgs {
+    /// The pipeline's state directory.
+    #[arg(long)]
+    state_dir: PathBuf,
+    /// What to show: keys (every key with its value and timeout), timers (in
+    /// deadline order), checkpoint, or one key with --key.
+    #[arg(long, default_value = "keys")]
+    show: String,
+    /// Show only this key.
+    #[arg(long)]
+    key: Option<String>,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run(*args),
+        Command::Gen { workload: GenCommand::Sensor { events, sensors, seed, output } } => {
+            gen_sensor(SensorSpec { events, sensors, seed }, &output)
+        }
+        Command::State(args) => state(&args),
+        Command::Plugin { path } => plugin(&path),
+    };
+    if let Err(e) = result {
+        eprintln!("groupstate: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
+    let mut config = match &args.config {
+        Some(path) => PipelineConfig::from_toml_file(path)?,
+        None => {
+            let need = |v: &Option<PathBuf>, flag: &str| v.clone().with_context(|| format!("{flag} is required (or give --config FILE)"));
+            PipelineConfig::new(
+                need(&args.plugin, "--plugin")?,
+                Stream::from(need(&args.input, "--input")?),
+                Stream::from(need(&args.output, "--output")?),
+                need(&args.state_dir, "--state-dir")?,
+                args.key_field.clone().context("--key-field is required (or give --config FILE)")?,
+            )
+        }
+    };
+    if let Some(p) = &args.plugin {
+        config.plugin = p.clone();
+    }
+    if let Some(p) = &args.input {
+        config.input = Stream::from(p.clone());
+    }
+    if let Some(p) = &args.output {
+        config.output = Stream::from(p.clone());
+    }
+    if let Some(p) = &args.state_dir {
+        config.state_dir = p.clone();
+    }
+    if let Some(k) = &args.key_field {
+        config.key_field = k.clone();
+    }
+    if args.time_field.is_some() {
+        config.time_field = args.time_field.clone();
+    }
+    if let Some(t) = args.timeout {
+        config.timeout = t;
+    }
+    if let Some(d) = args.watermark_delay_ms {
+        config.watermark_delay_ms = d;
+    }
+    if let Some(n) = args.batch_events {
+        config.batch_events_max = n;
+    }
+    if let Some(p) = args.on_error {
+        config.on_error = p;
+    }
+    if args.dead_letter.is_some() {
+        config.dead_letter = args.dead_letter.clone();
+    }
+    if args.late.is_some() {
+        config.late = args.late.clone();
+    }
+    config.follow |= args.follow;
+    if let Some(ms) = args.trigger_interval_ms {
+        config.trigger_interval_ms = ms;
+    }
+    if args.batches_max.is_some() {
+        config.batches_max = args.batches_max;
+    }
+    config.params.extend(args.params.iter().cloned());
+    if args.no_fsync {
+        config.durable_commits = false;
+    }
+    config.cache_dir = if args.no_cache {
+        None
+    } else {
+        args.cache_dir.clone().or(config.cache_dir).or_else(groupstate::pipeline::default_cache_dir)
+    };
+    if let Some(v) = args.call_cpu_ms_max {
+        config.limits.call_cpu_ms_max = v;
+    }
+    if let Some(v) = args.instance_memory_bytes_max {
+        config.limits.instance_memory_bytes_max = v;
+    }
+    if let Some(v) = args.state_bytes_max {
+        config.limits.state_bytes_max = v;
+    }
+    Ok(config)
+}
+
+fn run(args: RunArgs) -> Result<()> {
+    let config = config_from(&args)?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let started = clock.monotonic_ns();
+    let mut pipeline = Pipeline::open(config, clock.clone())?;
+    let opened_ms = (clock.monotonic_ns() - started) / 1_000_000;
+    if !args.quiet {
+        eprintln!("groupstate: plugin {} ready in {opened_ms} ms", pipeline.plugin_label());
+    }
+    let mut last_report = clock.monotonic_ns();
+    let mut records = 0u64;
+    let summary = pipeline.run(&mut |b| {
+        records += b.records;
+        let now = clock.monotonic_ns();
+        if !args.quiet && (now - last_report > 2_000_000_000 || b.replayed) {
+            last_report = now;
+            let secs = (now - started) as f64 / 1e9;
+            eprintln!(
+                "groupstate: batch {}{}: {} records so far ({:.0}/s), {} keys, {} timeouts, watermark {}",
+                b.batch_id,
+                if b.replayed { " (replayed after a stop)" } else { "" },
+                records,
+                records as f64 / secs.max(1e-9),
+                b.keys,
+                b.timeouts,
+                b.watermark_ms
+            );
+        }
+    })?;
+    let r = &summary.run;
+    let secs = summary.elapsed_ms as f64 / 1000.0;
+    eprintln!(
+        "groupstate: done: {} batches, {} records in {:.2} s ({:.0} records/s); {} events to the plugin in {} calls, {} timeout calls; {} outputs; {} late, {} bad records, {} failed calls; input offset {}, next batch {}",
+        summary.batches,
+        r.records,
+        secs,
+        r.records as f64 / secs.max(1e-9),
+        r.events,
+        r.data_calls,
+        r.timeout_calls,
+        r.outputs,
+        r.late,
+        r.bad_records,
+        r.failed_calls,
+        summary.checkpoint.input_offset,
+        summary.checkpoint.next_batch_id,
+    );
+    Ok(())
+}
+
+fn gen_sensor(spec: SensorSpec, output: &PathBuf) -> Result<()> {
+    if output.as_os_str() == "-" {
+        let stdout = std::io::stdout();
+        let mut out = std::io::BufWriter::new(stdout.lock());
+        generate_sensor(spec, &mut out)?;
+        out.flush()?;
+        return Ok(());
+    }
+    let file = std::fs::File::create(output).with_context(|| format!("cannot create {}", output.display()))?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    generate_sensor(spec, &mut out)?;
+    out.flush()?;
+    eprintln!("groupstate: wrote {} events from {} sensors (seed {}) to {}", spec.events, spec.sensors, spec.seed, output.display());
+    Ok(())
+}
+
+fn state(args: &StateArgs) -> Result<()> {
+    let store_dir = args.state_dir.join("store");
+    if !store_dir.exists() {
+        bail!("{} is not a groupstate state dir (no store/ inside)", args.state_dir.display());
+    }
+    let store = Store::open(&store_dir, 16 << 20)?;
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let key_json = |key: &str, r: &groupstate::store::KeyRecord| {
+        serde_json::json!({
+            "key": key,
+            "value_hex": r.value.as_deref().map(hex),
+            "value_bytes": r.value.as_ref().map(Vec::len),
+            "timeout_ms": r.timeout_ms,
+            "schema_version": r.schema_version,
+        })
+    };
+    match (args.show.as_str(), &args.key) {
+        (_, Some(key)) => match store.get(key)? {
+            Some(r) => writeln!(out, "{}", key_json(key, &r))?,
+            None => bail!("no state for key {key:?}"),
+        },
+        ("keys", None) => {
+            for entry in store.iter_keys() {
+                let (key, r) = entry?;
+                writeln!(out, "{}", key_json(&key, &r))?;
+            }
+        }
+        ("timers", None) => {
+            for entry in store.iter_timers() {
+                let (deadline, key) = entry?;
+                writeln!(out, "{}", serde_json::json!({ "deadline_ms": deadline, "key": key }))?;
+            }
+        }
+        ("checkpoint", None) => {
+            let cp = store.checkpoint()?.unwrap_or_default();
+            let c = cp.counters;
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({
+                    "next_batch_id": cp.next_batch_id,
+                    "input_offset": cp.input_offset,
+                    "output_len": cp.output_len,
+                    "late_len": cp.late_len,
+                    "dead_letter_len": cp.dead_letter_len,
+                    "max_event_time_ms": cp.max_event_time_ms,
+                    "watermark_ms": cp.watermark_ms,
+                    "pending_plan": store.pending_plan()?.map(|p| p.batch_id),
+                    "counters": {
+                        "records": c.records, "events": c.events, "late": c.late,
+                        "bad_records": c.bad_records, "data_calls": c.data_calls,
+                        "timeout_calls": c.timeout_calls, "outputs": c.outputs,
+                        "failed_calls": c.failed_calls,
+                    },
+                })
+            )?;
+        }
+        (other, None) => bail!("--show takes keys, timers or checkpoint, not {other:?}"),
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn plugin(path: &std::path::Path) -> Result<()> {
+    let runtime = groupstate::plugin::Runtime::new(&groupstate::Limits::default(), None)?;
+    let i = runtime.inspect(path)?;
+    let report = serde_json::json!({
+        "path": path.display().to_string(),
+        "size_bytes": i.size_bytes,
+        "sha256": i.sha256,
+        "info": i.info.map(|info| serde_json::json!({
+            "name": info.name, "version": info.version, "state_schema_version": info.state_schema_version,
+        })),
+        "load_error": i.load_error,
+        "exports": i.exports,
+        "imports": i.imports,
+        "forbidden_imports": i.forbidden_imports,
+    });
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}

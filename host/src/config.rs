@@ -1,0 +1,308 @@
+//! Pipeline configuration: what to run, where, and the limits, with their defaults.
+//! Built from CLI flags or a TOML file (`groupstate run --config pipeline.toml`).
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use serde::Deserialize;
+
+/// The pipeline's timeout kind (Spark's `GroupStateTimeout`), fixed per pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TimeoutKind {
+    /// Keys never time out.
+    #[default]
+    None,
+    /// Deadlines relative to the batch's processing time.
+    ProcessingTime,
+    /// Deadlines in event time, fired by the watermark.
+    EventTime,
+}
+
+impl TimeoutKind {
+    /// The CLI spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::ProcessingTime => "processing-time",
+            Self::EventTime => "event-time",
+        }
+    }
+}
+
+impl fmt::Display for TimeoutKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for TimeoutKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(Self::None),
+            "processing-time" => Ok(Self::ProcessingTime),
+            "event-time" => Ok(Self::EventTime),
+            _ => Err(format!("unknown timeout kind {s:?}; use none, processing-time or event-time")),
+        }
+    }
+}
+
+/// What to do when a plugin call fails (trap, limit hit, or an `err` result).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ErrorPolicy {
+    /// Stop the pipeline; nothing of the batch is committed.
+    #[default]
+    Fail,
+    /// Keep the key's state as before the call, drop the call's outputs, go on.
+    Skip,
+    /// Like `skip`, and write key, events, state before and error to the dead-letter
+    /// output.
+    DeadLetter,
+}
+
+impl FromStr for ErrorPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fail" => Ok(Self::Fail),
+            "skip" => Ok(Self::Skip),
+            "dead-letter" => Ok(Self::DeadLetter),
+            _ => Err(format!("unknown error policy {s:?}; use fail, skip or dead-letter")),
+        }
+    }
+}
+
+/// Where records come from or outputs go: a file, or `-` for stdin/stdout.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(from = "PathBuf")]
+pub enum Stream {
+    /// Standard input or output.
+    Std,
+    /// A file.
+    File(PathBuf),
+}
+
+impl From<PathBuf> for Stream {
+    fn from(p: PathBuf) -> Self {
+        if p.as_os_str() == "-" { Self::Std } else { Self::File(p) }
+    }
+}
+
+impl fmt::Display for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Std => f.write_str("-"),
+            Self::File(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+/// Limits on what one plugin call and one batch may use. Every field has a default
+/// (see `Limits::default`), documented in the README.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// CPU time one plugin call may take before it is interrupted (default 1000 ms).
+    pub call_cpu_ms_max: u64,
+    /// Linear memory one plugin instance may grow to (default 256 MiB).
+    pub instance_memory_bytes_max: u64,
+    /// Wasm stack of a plugin call (default 512 KiB).
+    pub wasm_stack_bytes_max: usize,
+    /// Size of one key's state value (default 1 MiB).
+    pub state_bytes_max: u64,
+    /// Outputs one call may return (default 10 000).
+    pub outputs_per_call_max: usize,
+    /// Size of one output (default 1 MiB).
+    pub output_bytes_max: usize,
+    /// Log bytes one call may write; the rest is dropped and counted (default 16 KiB).
+    pub log_bytes_per_call_max: usize,
+    /// Length of one input line; a longer line goes to the dead-letter output
+    /// (default 1 MiB).
+    pub line_bytes_max: usize,
+    /// Timeouts fired in one batch; the rest fire in the next batches (default 100 000).
+    pub timeouts_per_batch_max: usize,
+    /// sled's page cache (default 64 MiB).
+    pub store_cache_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            call_cpu_ms_max: 1000,
+            instance_memory_bytes_max: 256 << 20,
+            wasm_stack_bytes_max: 512 << 10,
+            state_bytes_max: 1 << 20,
+            outputs_per_call_max: 10_000,
+            output_bytes_max: 1 << 20,
+            log_bytes_per_call_max: 16 << 10,
+            line_bytes_max: 1 << 20,
+            timeouts_per_batch_max: 100_000,
+            store_cache_bytes: 64 << 20,
+        }
+    }
+}
+
+/// A whole pipeline: plugin, streams, fields, time and limits.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// The plugin component (`.wasm`).
+    pub plugin: PathBuf,
+    /// Parameters passed to the plugin's `init`.
+    #[serde(default)]
+    pub params: Vec<(String, String)>,
+    /// JSON Lines input.
+    pub input: Stream,
+    /// JSON Lines output.
+    pub output: Stream,
+    /// The state directory (sled).
+    pub state_dir: PathBuf,
+    /// The top-level string field holding the group key.
+    pub key_field: String,
+    /// The top-level integer field holding event time in epoch milliseconds.
+    #[serde(default)]
+    pub time_field: Option<String>,
+    /// The timeout kind.
+    #[serde(default)]
+    pub timeout: TimeoutKind,
+    /// The watermark trails the largest event time seen by this much (default 0).
+    #[serde(default)]
+    pub watermark_delay_ms: i64,
+    /// Records per micro-batch at most (default 20 000).
+    #[serde(default = "default_batch_events")]
+    pub batch_events_max: usize,
+    /// What to do when a plugin call fails.
+    #[serde(default)]
+    pub on_error: ErrorPolicy,
+    /// Where undecodable records and dead-lettered calls go; default: next to the
+    /// output as `<output>.dead-letter.jsonl`, or stderr when the output is stdout.
+    #[serde(default)]
+    pub dead_letter: Option<PathBuf>,
+    /// Where records behind the watermark go; default: `<output>.late.jsonl`, or
+    /// stderr when the output is stdout.
+    #[serde(default)]
+    pub late: Option<PathBuf>,
+    /// Keep reading the input after its end (a file still being written, or stdin),
+    /// running empty batches every `trigger_interval_ms`.
+    #[serde(default)]
+    pub follow: bool,
+    /// Interval of empty batches when following (default 1000 ms).
+    #[serde(default = "default_trigger_interval")]
+    pub trigger_interval_ms: u64,
+    /// Stop after this many batches (for tests and partial runs).
+    #[serde(default)]
+    pub batches_max: Option<u64>,
+    /// Wait for each commit to reach the disk (fsync) before going on (default true).
+    #[serde(default = "default_true")]
+    pub durable_commits: bool,
+    /// Directory for compiled plugins (default `$XDG_CACHE_HOME/groupstate` or
+    /// `~/.cache/groupstate`); `none` disables the cache.
+    #[serde(default)]
+    pub cache_dir: Option<PathBuf>,
+    /// Limits.
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+fn default_batch_events() -> usize {
+    20_000
+}
+fn default_trigger_interval() -> u64 {
+    1000
+}
+fn default_true() -> bool {
+    true
+}
+
+/// A configuration that cannot run.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid pipeline: {0}")]
+pub struct ConfigError(pub String);
+
+impl PipelineConfig {
+    /// A pipeline with every optional setting at its default.
+    pub fn new(plugin: PathBuf, input: Stream, output: Stream, state_dir: PathBuf, key_field: String) -> Self {
+        Self {
+            plugin,
+            params: Vec::new(),
+            input,
+            output,
+            state_dir,
+            key_field,
+            time_field: None,
+            timeout: TimeoutKind::None,
+            watermark_delay_ms: 0,
+            batch_events_max: default_batch_events(),
+            on_error: ErrorPolicy::Fail,
+            dead_letter: None,
+            late: None,
+            follow: false,
+            trigger_interval_ms: default_trigger_interval(),
+            batches_max: None,
+            durable_commits: true,
+            cache_dir: None,
+            limits: Limits::default(),
+        }
+    }
+
+    /// Reads a TOML pipeline file; relative paths in it are taken relative to the
+    /// file's directory.
+    pub fn from_toml_file(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+        let mut config: Self =
+            toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
+        let base = path.parent().unwrap_or(std::path::Path::new("."));
+        config.rebase(base);
+        Ok(config)
+    }
+
+    fn rebase(&mut self, base: &std::path::Path) {
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() && p.as_os_str() != "-" {
+                *p = base.join(&*p);
+            }
+        };
+        fix(&mut self.plugin);
+        fix(&mut self.state_dir);
+        for stream in [&mut self.input, &mut self.output] {
+            if let Stream::File(p) = stream {
+                fix(p);
+            }
+        }
+        for p in [&mut self.dead_letter, &mut self.late].into_iter().flatten() {
+            fix(p);
+        }
+        if let Some(p) = &mut self.cache_dir {
+            fix(p);
+        }
+    }
+
+    /// Checks the settings that do not depend on files.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.key_field.is_empty() {
+            return Err(ConfigError("--key-field must name a field".into()));
+        }
+        if self.timeout == TimeoutKind::EventTime && self.time_field.is_none() {
+            return Err(ConfigError(
+                "--timeout event-time needs --time-field: event-time timeouts are fired by the watermark, which comes from event times".into(),
+            ));
+        }
+        if self.watermark_delay_ms < 0 {
+            return Err(ConfigError("--watermark-delay-ms must be 0 or more".into()));
+        }
+        if self.batch_events_max == 0 {
+            return Err(ConfigError("--batch-events must be at least 1".into()));
+        }
+        if self.trigger_interval_ms == 0 {
+            return Err(ConfigError("--trigger-interval-ms must be at least 1".into()));
+        }
+        if self.limits.call_cpu_ms_max == 0 || self.limits.outputs_per_call_max == 0 {
+            return Err(ConfigError("limits must be greater than zero".into()));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,20 @@
+//! groupstate: per-key state machines over a stream of events, like Spark's
+//! `mapGroupsWithState`, with the user's logic as a sandboxed WebAssembly component
+//! and the state kept in sled.
+//!
+//! Start at [`pipeline::Pipeline`]; ARCHITECTURE.md has the map.
+
+pub mod clock;
+mod codec;
+pub mod config;
+pub mod decode;
+pub mod pipeline;
+pub mod plugin;
+pub mod sink;
+pub mod source;
+pub mod store;
+pub mod workload;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::{ErrorPolicy, Limits, PipelineConfig, Stream, TimeoutKind};
+pub use pipeline::{BatchReport, Error, Pipeline, RunSummary};

@@ -1,0 +1,564 @@
+//! The engine: plans micro-batches (write-ahead), decodes and groups records, calls
+//! the plugin per key and per expired timeout, and commits state, timers, input
+//! position and output lengths atomically.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::config::{ErrorPolicy, PipelineConfig, Stream, TimeoutKind};
+use crate::decode::Decoder;
+use crate::plugin::{CallError, CallOutcome, CallRequest, Event, Plugin, PluginError, Runtime, StagedValue};
+use crate::sink::{Sink, SinkError};
+use crate::source::{Line, Source, SourceError};
+use crate::store::{BatchPlan, Checkpoint, Counters, KeyChange, KeyRecord, PipelineIdentity, Store, StoreError};
+
+/// A pipeline failed; the message names the stage.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The state store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The plugin could not be loaded.
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+    /// The input failed.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// An output failed.
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    /// A plugin call failed under `--on-error fail`.
+    #[error("batch {batch_id}: plugin {plugin} failed on key {key:?}: {cause}; nothing of this batch was committed: fix the plugin, or rerun with --on-error skip or dead-letter")]
+    Call {
+        /// The batch.
+        batch_id: u64,
+        /// The plugin's name and version.
+        plugin: String,
+        /// The key.
+        key: String,
+        /// What went wrong.
+        cause: CallError,
+    },
+    /// The state dir belongs to another pipeline.
+    #[error("state dir {dir} was created for {recorded}, not {given}; use a new --state-dir or the original settings")]
+    Mismatch {
+        /// The state dir.
+        dir: PathBuf,
+        /// What it records.
+        recorded: String,
+        /// What this run gave.
+        given: String,
+    },
+}
+
+/// What one batch did (for progress reports).
+#[derive(Debug, Clone, Default)]
+pub struct BatchReport {
+    /// The batch id.
+    pub batch_id: u64,
+    /// Records read.
+    pub records: u64,
+    /// Keys called with data.
+    pub keys: u64,
+    /// Timeouts fired.
+    pub timeouts: u64,
+    /// Whether this batch was a replay of a plan left by a stopped run.
+    pub replayed: bool,
+    /// The watermark the batch ran with.
+    pub watermark_ms: i64,
+}
+
+/// What a run did.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    /// Batches committed by this run.
+    pub batches: u64,
+    /// Counters of this run only.
+    pub run: Counters,
+    /// Totals over the pipeline's life.
+    pub total: Counters,
+    /// The committed checkpoint at the end.
+    pub checkpoint: Checkpoint,
+    /// The plugin's name, version and state-schema version.
+    pub plugin: String,
+    /// Wall time of the run in milliseconds (monotonic clock).
+    pub elapsed_ms: u64,
+}
+
+/// A running pipeline over one state dir.
+pub struct Pipeline {
+    config: PipelineConfig,
+    clock: Arc<dyn Clock>,
+    store: Store,
+    plugin: Plugin,
+    decoder: Decoder,
+    source: Source,
+    output: Sink,
+    late: Sink,
+    dead_letter: Sink,
+    checkpoint: Checkpoint,
+    plugin_label: String,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline").field("plugin", &self.plugin_label).finish_non_exhaustive()
+    }
+}
+
+/// The default cache directory for compiled plugins.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("groupstate"))
+}
+
+/// Where the pipeline's side outputs go when not named.
+fn side_path(config: &PipelineConfig, explicit: &Option<PathBuf>, name: &str) -> PathBuf {
+    explicit.clone().unwrap_or_else(|| config.state_dir.join(name))
+}
+
+impl Pipeline {
+    /// Opens the state dir, loads the plugin and positions the input after the last
+    /// committed batch.
+    pub fn open(config: PipelineConfig, clock: Arc<dyn Clock>) -> Result<Self, Error> {
+        config.validate()?;
+        let store = Store::open(&config.state_dir.join("store"), config.limits.store_cache_bytes)?;
+        check_identity(&store, &config)?;
+        let checkpoint = store.checkpoint()?.unwrap_or_default();
+        let runtime = Runtime::new(&config.limits, config.cache_dir.as_deref())?;
+        let plugin = runtime.load(&config.plugin, &config.params)?;
+        let info = plugin.info();
+        let plugin_label = format!("{} {} (state schema {})", info.name, info.version, info.state_schema_version);
+        let source = match &config.input {
+            Stream::File(path) => {
+                Source::open_file(path, checkpoint.input_offset, config.limits.line_bytes_max, config.follow)?
+            }
+            Stream::Std => Source::stdin(checkpoint.input_offset, config.limits.line_bytes_max),
+        };
+        let output = match &config.output {
+            Stream::File(path) => Sink::open_file(path, checkpoint.output_len)?,
+            Stream::Std => Sink::stdout(checkpoint.output_len),
+        };
+        let late = Sink::open_file(&side_path(&config, &config.late, "late.jsonl"), checkpoint.late_len)?;
+        let dead_letter =
+            Sink::open_file(&side_path(&config, &config.dead_letter, "dead-letter.jsonl"), checkpoint.dead_letter_len)?;
+        let decoder = Decoder::new(&config.key_field, config.time_field.as_deref());
+        Ok(Self {
+            config,
+            clock,
+            store,
+            plugin,
+            decoder,
+            source,
+            output,
+            late,
+            dead_letter,
+            checkpoint,
+            plugin_label,
+        })
+    }
+
+    /// The plugin's name, version and schema.
+    pub fn plugin_label(&self) -> &str {
+        &self.plugin_label
+    }
+
+    /// The state store (read-only use: inspection and tests).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Runs batches until the input ends (or, with `follow`, forever; or until
+    /// `batches_max`), calling `on_batch` after each commit.
+    pub fn run(&mut self, on_batch: &mut dyn FnMut(&BatchReport)) -> Result<RunSummary, Error> {
+        let started_ns = self.clock.monotonic_ns();
+        let start_counters = self.checkpoint.counters;
+        let mut batches = 0u64;
+        while self.config.batches_max.is_none_or(|max| batches < max) {
+            match self.next_batch()? {
+                Some(report) => {
+                    batches += 1;
+                    on_batch(&report);
+                }
+                None if self.config.follow && !self.source.is_closed() => {
+                    self.clock.sleep_ms(self.config.trigger_interval_ms);
+                }
+                None => break,
+            }
+        }
+        self.store.flush()?;
+        let total = self.checkpoint.counters;
+        Ok(RunSummary {
+            batches,
+            run: counters_since(&total, &start_counters),
+            total,
+            checkpoint: self.checkpoint.clone(),
+            plugin: self.plugin_label.clone(),
+            elapsed_ms: (self.clock.monotonic_ns().saturating_sub(started_ns)) / 1_000_000,
+        })
+    }
+
+    /// Plans and runs one batch; `None` when there is nothing to do now.
+    pub fn next_batch(&mut self) -> Result<Option<BatchReport>, Error> {
+        let batch_id = self.checkpoint.next_batch_id;
+        if let Some(plan) = self.store.pending_plan()? {
+            if plan.batch_id == batch_id && plan.start_offset == self.checkpoint.input_offset {
+                if self.source.is_seekable() {
+                    let lines = self.source.read_batch(usize::MAX, Some(plan.end_offset), Duration::ZERO)?;
+                    return self.run_plan(&plan, lines, true).map(Some);
+                }
+                eprintln!("groupstate: warning: batch {batch_id} was planned from stdin and cannot be re-read; planning anew");
+            }
+        }
+        let wait = Duration::from_millis(self.config.trigger_interval_ms);
+        let lines = self.source.read_batch(self.config.batch_events_max, None, wait)?;
+        let watermark_ms = self.next_watermark();
+        let processing_time_ms = self.clock.now_ms();
+        if lines.is_empty() && !self.has_expired_timers(watermark_ms, processing_time_ms)? {
+            return Ok(None);
+        }
+        let plan = BatchPlan {
+            batch_id,
+            start_offset: self.checkpoint.input_offset,
+            end_offset: self.source.offset(),
+            processing_time_ms,
+            watermark_ms,
+        };
+        self.store.write_plan(&plan)?;
+        self.run_plan(&plan, lines, false).map(Some)
+    }
+
+    /// The watermark of the next batch: the largest event time of committed batches
+    /// minus the delay, never below the last watermark.
+    fn next_watermark(&self) -> i64 {
+        let from_events = self
+            .checkpoint
+            .max_event_time_ms
+            .map_or(i64::MIN, |t| t.saturating_sub(self.config.watermark_delay_ms));
+        from_events.max(self.checkpoint.watermark_ms)
+    }
+
+    fn timeout_threshold(&self, watermark_ms: i64, processing_time_ms: i64) -> Option<i64> {
+        match self.config.timeout {
+            TimeoutKind::None => None,
+            TimeoutKind::EventTime => Some(watermark_ms),
+            TimeoutKind::ProcessingTime => Some(processing_time_ms),
+        }
+    }
+
+    fn has_expired_timers(&self, watermark_ms: i64, processing_time_ms: i64) -> Result<bool, Error> {
+        match self.timeout_threshold(watermark_ms, processing_time_ms) {
+            Some(threshold) => Ok(!self.store.expired_timers(threshold, 1)?.is_empty()),
+            None => Ok(false),
+        }
+    }
+
+    fn run_plan(&mut self, plan: &BatchPlan, lines: Vec<Line>, replayed: bool) -> Result<BatchReport, Error> {
+        let mut batch = Batch::new(plan, self.checkpoint.counters);
+        let result = self.process(&mut batch, lines).and_then(|()| self.commit(plan, &mut batch));
+        if let Err(e) = result {
+            // Nothing of the batch is committed: take back what the sinks wrote.
+            for sink in [&mut self.output, &mut self.late, &mut self.dead_letter] {
+                if let Err(abort) = sink.abort_batch() {
+                    eprintln!("groupstate: {abort}");
+                }
+            }
+            return Err(e);
+        }
+        Ok(BatchReport {
+            batch_id: plan.batch_id,
+            records: batch.records,
+            keys: batch.data_keys,
+            timeouts: batch.timeout_keys,
+            replayed,
+            watermark_ms: plan.watermark_ms,
+        })
+    }
+
+    fn process(&mut self, batch: &mut Batch, lines: Vec<Line>) -> Result<(), Error> {
+        let groups = self.group(batch, lines)?;
+        batch.data_keys = groups.len() as u64;
+        for (key, events) in &groups {
+            self.call_key(batch, key, events, None)?;
+        }
+        let Some(threshold) = self.timeout_threshold(batch.plan.watermark_ms, batch.plan.processing_time_ms) else {
+            return Ok(());
+        };
+        // Keys with data in this batch never time out in it; fetch enough to skip them.
+        let limit = self.config.limits.timeouts_per_batch_max;
+        let expired = self.store.expired_timers(threshold, limit.saturating_add(groups.len()))?;
+        let data_keys: HashMap<&str, ()> = groups.iter().map(|(k, _)| (k.as_str(), ())).collect();
+        for (deadline, key) in expired.into_iter().filter(|(_, k)| !data_keys.contains_key(k.as_str())).take(limit) {
+            batch.timeout_keys += 1;
+            self.call_key(batch, &key, &[], Some(deadline))?;
+        }
+        Ok(())
+    }
+
+    /// Decodes the lines and groups the good ones by key, keys in order of first
+    /// appearance and events in arrival order; late and bad lines go to their sinks.
+    fn group(&mut self, batch: &mut Batch, lines: Vec<Line>) -> Result<Vec<(String, Vec<Event>)>, Error> {
+        let mut index: HashMap<String, usize> = HashMap::new();
+        let mut groups: Vec<(String, Vec<Event>)> = Vec::new();
+        for line in lines {
+            batch.records += 1;
+            batch.counters.records += 1;
+            let text = match line.text {
+                Ok(text) => text,
+                Err(e) => {
+                    self.bad_record(batch, line.offset, &e.to_string(), None)?;
+                    continue;
+                }
+            };
+            let decoded = match self.decoder.decode(&text) {
+                Ok(d) => d,
+                Err(e) => {
+                    self.bad_record(batch, line.offset, &e.to_string(), Some(&text))?;
+                    continue;
+                }
+            };
+            if let Some(t) = decoded.event_time_ms {
+                if t < batch.plan.watermark_ms {
+                    batch.counters.late += 1;
+                    let late = format!(
+                        "{{\"offset\":{},\"event_time_ms\":{t},\"watermark_ms\":{},\"record\":{}}}",
+                        line.offset, batch.plan.watermark_ms, text
+                    );
+                    self.late.push_line(&late)?;
+                    continue;
+                }
+                batch.max_event_time_ms = Some(batch.max_event_time_ms.map_or(t, |m| m.max(t)));
+            }
+            batch.counters.events += 1;
+            let event = Event { event_time_ms: decoded.event_time_ms, payload: text };
+            match index.get(&decoded.key) {
+                Some(&i) => groups[i].1.push(event),
+                None => {
+                    index.insert(decoded.key.clone(), groups.len());
+                    groups.push((decoded.key, vec![event]));
+                }
+            }
+        }
+        Ok(groups)
+    }
+
+    fn bad_record(&mut self, batch: &mut Batch, offset: u64, reason: &str, line: Option<&str>) -> Result<(), Error> {
+        batch.counters.bad_records += 1;
+        let entry = serde_json::json!({
+            "kind": "bad-record",
+            "batch": batch.plan.batch_id,
+            "offset": offset,
+            "reason": reason,
+            "line": line,
+        });
+        self.dead_letter.push_line(&entry.to_string())?;
+        Ok(())
+    }
+
+    /// Loads the key, migrates its state if an older schema wrote it, calls the
+    /// plugin and stages the result; `deadline` is set for a timeout call.
+    fn call_key(&mut self, batch: &mut Batch, key: &str, events: &[Event], deadline: Option<i64>) -> Result<(), Error> {
+        let before = self.store.get(key)?;
+        if let Some(deadline) = deadline {
+            let stored = before.as_ref().and_then(|r| r.timeout_ms);
+            if stored != Some(deadline) {
+                return Err(StoreError::Corrupt(format!(
+                    "timer index says key {key:?} expires at {deadline}, its record says {stored:?}"
+                ))
+                .into());
+            }
+        }
+        let schema = self.plugin.info().state_schema_version;
+        let result = self.migrated_value(before.as_ref(), schema).and_then(|value| {
+            let req = CallRequest {
+                batch_id: batch.plan.batch_id,
+                key,
+                events,
+                state: value.as_deref(),
+                has_timed_out: deadline.is_some(),
+                watermark_ms: batch.plan.watermark_ms,
+                processing_time_ms: batch.plan.processing_time_ms,
+            };
+            let outcome = self.plugin.call(self.config.timeout, &req)?;
+            Ok((value, outcome))
+        });
+        if deadline.is_some() {
+            batch.counters.timeout_calls += 1;
+        } else {
+            batch.counters.data_calls += 1;
+        }
+        match result {
+            Ok((value, outcome)) => self.apply(batch, key, before, value, outcome, schema),
+            Err(cause) => self.call_failed(batch, key, events, before, cause),
+        }
+    }
+
+    fn migrated_value(&mut self, before: Option<&KeyRecord>, schema: u32) -> Result<Option<Vec<u8>>, CallError> {
+        match before {
+            Some(KeyRecord { value: Some(v), schema_version, .. }) if *schema_version != schema => {
+                self.plugin.migrate(*schema_version, v).map(Some)
+            }
+            Some(record) => Ok(record.value.clone()),
+            None => Ok(None),
+        }
+    }
+
+    fn apply(
+        &mut self,
+        batch: &mut Batch,
+        key: &str,
+        before: Option<KeyRecord>,
+        value: Option<Vec<u8>>,
+        outcome: CallOutcome,
+        schema: u32,
+    ) -> Result<(), Error> {
+        for out in &outcome.outputs {
+            self.output.push_line(out)?;
+        }
+        batch.counters.outputs += outcome.outputs.len() as u64;
+        let value = match outcome.value {
+            StagedValue::Unchanged => value,
+            StagedValue::Updated(v) => Some(v),
+            StagedValue::Removed => None,
+        };
+        let after = KeyRecord { value, timeout_ms: outcome.timeout_ms, schema_version: schema };
+        let after = (!after.is_empty()).then_some(after);
+        if after != before {
+            batch.changes.push(KeyChange { key: key.to_owned(), before, after });
+        }
+        Ok(())
+    }
+
+    fn call_failed(
+        &mut self,
+        batch: &mut Batch,
+        key: &str,
+        events: &[Event],
+        before: Option<KeyRecord>,
+        cause: CallError,
+    ) -> Result<(), Error> {
+        if self.config.on_error == ErrorPolicy::Fail {
+            return Err(Error::Call { batch_id: batch.plan.batch_id, plugin: self.plugin_label.clone(), key: key.to_owned(), cause });
+        }
+        batch.counters.failed_calls += 1;
+        if self.config.on_error == ErrorPolicy::DeadLetter {
+            let state_before_hex = before.as_ref().and_then(|r| r.value.as_deref()).map(hex);
+            let entry = serde_json::json!({
+                "kind": "plugin-error",
+                "batch": batch.plan.batch_id,
+                "key": key,
+                "error": cause.to_string(),
+                "timed_out": events.is_empty(),
+                "events": events.iter().map(|e| e.payload.as_str()).collect::<Vec<_>>(),
+                "state_before_hex": state_before_hex,
+            });
+            self.dead_letter.push_line(&entry.to_string())?;
+        }
+        // The key keeps its state. A failed timeout call also drops the timer, or the
+        // key would fail again in every following batch.
+        if events.is_empty() {
+            if let Some(record) = &before {
+                let after = KeyRecord { timeout_ms: None, ..record.clone() };
+                let after = (!after.is_empty()).then_some(after);
+                batch.changes.push(KeyChange { key: key.to_owned(), before, after });
+            }
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, plan: &BatchPlan, batch: &mut Batch) -> Result<(), Error> {
+        let durable = self.config.durable_commits;
+        let mut next = Checkpoint {
+            next_batch_id: plan.batch_id + 1,
+            input_offset: plan.end_offset,
+            output_len: self.output.prepare_commit(durable)?,
+            late_len: self.late.prepare_commit(durable)?,
+            dead_letter_len: self.dead_letter.prepare_commit(durable)?,
+            max_event_time_ms: self.checkpoint.max_event_time_ms,
+            watermark_ms: plan.watermark_ms,
+            counters: batch.counters,
+        };
+        if let Some(t) = batch.max_event_time_ms {
+            next.max_event_time_ms = Some(next.max_event_time_ms.map_or(t, |m| m.max(t)));
+        }
+        self.store.commit(&batch.changes, &next, durable)?;
+        for sink in [&mut self.output, &mut self.late, &mut self.dead_letter] {
+            sink.committed();
+        }
+        self.checkpoint = next;
+        Ok(())
+    }
+}
+
+/// The working set of one batch.
+struct Batch<'a> {
+    plan: &'a BatchPlan,
+    counters: Counters,
+    changes: Vec<KeyChange>,
+    max_event_time_ms: Option<i64>,
+    records: u64,
+    data_keys: u64,
+    timeout_keys: u64,
+}
+
+impl<'a> Batch<'a> {
+    fn new(plan: &'a BatchPlan, counters: Counters) -> Self {
+        Self { plan, counters, changes: Vec::new(), max_event_time_ms: None, records: 0, data_keys: 0, timeout_keys: 0 }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn counters_since(now: &Counters, start: &Counters) -> Counters {
+    Counters {
+        records: now.records - start.records,
+        events: now.events - start.events,
+        late: now.late - start.late,
+        bad_records: now.bad_records - start.bad_records,
+        data_calls: now.data_calls - start.data_calls,
+        timeout_calls: now.timeout_calls - start.timeout_calls,
+        outputs: now.outputs - start.outputs,
+        failed_calls: now.failed_calls - start.failed_calls,
+    }
+}
+
+fn check_identity(store: &Store, config: &PipelineConfig) -> Result<(), Error> {
+    let given = PipelineIdentity {
+        key_field: config.key_field.clone(),
+        time_field: config.time_field.clone(),
+        timeout: config.timeout.as_str().to_owned(),
+        input: config.input.to_string(),
+    };
+    match store.pipeline_identity()? {
+        None => store.set_pipeline_identity(&given)?,
+        Some(recorded) if recorded == given => {}
+        Some(recorded) => {
+            return Err(Error::Mismatch {
+                dir: config.state_dir.clone(),
+                recorded: describe_identity(&recorded),
+                given: describe_identity(&given),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn describe_identity(id: &PipelineIdentity) -> String {
+    format!(
+        "--input {} --key-field {} --time-field {} --timeout {}",
+        id.input,
+        id.key_field,
+        id.time_field.as_deref().unwrap_or("(none)"),
+        id.timeout
+    )
+}

@@ -1,0 +1,207 @@
+//! The host side of the `group-state` handle and of plugin logging. Everything the
+//! plugin asks for is staged here; the engine applies it only when the call returns
+//! `ok`, so a failed call leaves the key untouched.
+
+use std::path::PathBuf;
+
+use wasmtime::component::Resource;
+
+use super::bindings::groupstate::plugin::{log, state, types};
+use super::{CallRequest, HostState, WitTimeoutKind};
+use crate::config::TimeoutKind;
+use types::StateError;
+
+/// The state value after a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StagedValue {
+    /// Neither `update` nor `remove` was called.
+    Unchanged,
+    /// The new value.
+    Updated(Vec<u8>),
+    /// `remove` was called last.
+    Removed,
+}
+
+/// The host's record behind one `group-state` handle: valid for one call.
+#[derive(Debug)]
+pub struct GroupStateHandle {
+    value: Option<Vec<u8>>,
+    staged: StagedValue,
+    timeout_ms: Option<i64>,
+    has_timed_out: bool,
+    kind: TimeoutKind,
+    watermark_ms: i64,
+    processing_time_ms: i64,
+    state_bytes_max: u64,
+}
+
+impl GroupStateHandle {
+    pub(super) fn new(req: &CallRequest<'_>, kind: TimeoutKind, state_bytes_max: u64) -> Self {
+        Self {
+            value: req.state.map(<[u8]>::to_vec),
+            staged: StagedValue::Unchanged,
+            // Spark's rule: the timeout is cleared at every call.
+            timeout_ms: None,
+            has_timed_out: req.has_timed_out,
+            kind,
+            watermark_ms: req.watermark_ms,
+            processing_time_ms: req.processing_time_ms,
+            state_bytes_max,
+        }
+    }
+
+    pub(super) fn into_staged(self) -> (StagedValue, Option<i64>) {
+        (self.staged, self.timeout_ms)
+    }
+
+    fn set_duration(&mut self, duration_ms: i64) -> Result<(), StateError> {
+        if self.kind != TimeoutKind::ProcessingTime {
+            return Err(StateError::TimeoutKindMismatch(self.kind.into()));
+        }
+        if duration_ms <= 0 {
+            return Err(StateError::NonPositiveTimeout(duration_ms));
+        }
+        self.timeout_ms = Some(self.processing_time_ms.saturating_add(duration_ms));
+        Ok(())
+    }
+
+    fn set_timestamp(&mut self, timestamp_ms: i64) -> Result<(), StateError> {
+        if self.kind != TimeoutKind::EventTime {
+            return Err(StateError::TimeoutKindMismatch(self.kind.into()));
+        }
+        if timestamp_ms <= 0 {
+            return Err(StateError::NonPositiveTimeout(timestamp_ms));
+        }
+        if timestamp_ms < self.watermark_ms {
+            return Err(StateError::TimestampBeforeWatermark(self.watermark_ms));
+        }
+        self.timeout_ms = Some(timestamp_ms);
+        Ok(())
+    }
+
+    fn update(&mut self, value: Vec<u8>) -> Result<(), StateError> {
+        if value.len() as u64 > self.state_bytes_max {
+            return Err(StateError::StateTooLarge(self.state_bytes_max));
+        }
+        self.value = Some(value.clone());
+        self.staged = StagedValue::Updated(value);
+        Ok(())
+    }
+}
+
+fn bad_handle(e: impl std::fmt::Display) -> wasmtime::Error {
+    wasmtime::Error::msg(format!("invalid group-state handle: {e}"))
+}
+
+impl HostState {
+    fn handle(&mut self, h: &Resource<GroupStateHandle>) -> wasmtime::Result<&mut GroupStateHandle> {
+        self.table.get_mut(h).map_err(bad_handle)
+    }
+}
+
+impl state::HostGroupState for HostState {
+    fn exists(&mut self, h: Resource<GroupStateHandle>) -> wasmtime::Result<bool> {
+        Ok(self.handle(&h)?.value.is_some())
+    }
+
+    fn get(&mut self, h: Resource<GroupStateHandle>) -> wasmtime::Result<Option<Vec<u8>>> {
+        Ok(self.handle(&h)?.value.clone())
+    }
+
+    fn update(&mut self, h: Resource<GroupStateHandle>, value: Vec<u8>) -> wasmtime::Result<Result<(), StateError>> {
+        Ok(self.handle(&h)?.update(value))
+    }
+
+    fn remove(&mut self, h: Resource<GroupStateHandle>) -> wasmtime::Result<()> {
+        let handle = self.handle(&h)?;
+        handle.value = None;
+        handle.staged = StagedValue::Removed;
+        Ok(())
+    }
+
+    fn has_timed_out(&mut self, h: Resource<GroupStateHandle>) -> wasmtime::Result<bool> {
+        Ok(self.handle(&h)?.has_timed_out)
+    }
+
+    fn set_timeout_duration(&mut self, h: Resource<GroupStateHandle>, duration_ms: i64) -> wasmtime::Result<Result<(), StateError>> {
+        Ok(self.handle(&h)?.set_duration(duration_ms))
+    }
+
+    fn set_timeout_timestamp(&mut self, h: Resource<GroupStateHandle>, timestamp_ms: i64) -> wasmtime::Result<Result<(), StateError>> {
+        Ok(self.handle(&h)?.set_timestamp(timestamp_ms))
+    }
+
+    fn timeout_kind(&mut self, h: Resource<GroupStateHandle>) -> wasmtime::Result<WitTimeoutKind> {
+        Ok(self.handle(&h)?.kind.into())
+    }
+
+    fn current_watermark_ms(&mut self, h: Resource<GroupStateHandle>) -> wasmtime::Result<i64> {
+        Ok(self.handle(&h)?.watermark_ms)
+    }
+
+    fn current_processing_time_ms(&mut self, h: Resource<GroupStateHandle>) -> wasmtime::Result<i64> {
+        Ok(self.handle(&h)?.processing_time_ms)
+    }
+
+    fn drop(&mut self, _h: Resource<GroupStateHandle>) -> wasmtime::Result<()> {
+        // The host owns every handle and deletes it when the call returns; the guest
+        // only ever holds borrows, so there is nothing to drop here.
+        Ok(())
+    }
+}
+
+impl state::Host for HostState {}
+impl types::Host for HostState {}
+
+/// The per-call budget of plugin log bytes; what is over it is dropped and counted.
+pub(super) struct LogBudget {
+    max: usize,
+    used: usize,
+    dropped: u64,
+    plugin: PathBuf,
+    key: String,
+}
+
+impl LogBudget {
+    pub(super) fn new(max: usize, plugin: PathBuf) -> Self {
+        Self { max, used: 0, dropped: 0, plugin, key: String::new() }
+    }
+
+    pub(super) fn start_call(&mut self, key: &str) {
+        self.used = 0;
+        self.dropped = 0;
+        key.clone_into(&mut self.key);
+    }
+
+    pub(super) fn end_call(&mut self) {
+        if self.dropped > 0 {
+            eprintln!(
+                "plugin {} key={:?}: {} log messages dropped (log_bytes_per_call_max = {})",
+                self.plugin.display(),
+                self.key,
+                self.dropped,
+                self.max
+            );
+        }
+    }
+}
+
+impl log::Host for HostState {
+    fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
+        let budget = &mut self.log;
+        if budget.used + message.len() > budget.max {
+            budget.dropped += 1;
+            return Ok(());
+        }
+        budget.used += message.len();
+        let level = match level {
+            log::Level::Trace => "trace",
+            log::Level::Debug => "debug",
+            log::Level::Info => "info",
+            log::Level::Warn => "warn",
+            log::Level::Error => "error",
+        };
+        eprintln!("plugin {} key={:?} {level}: {}", budget.plugin.display(), budget.key, message.escape_debug());
+        Ok(())
+    }
+}

@@ -1,0 +1,591 @@
+//! Plugins: loading a component (cache, validation of its imports), instantiating it
+//! in a sandbox (limits, virtual WASI), and calling its state function with a staged
+//! `group-state` handle. A trap never escapes this module as a panic: it becomes a
+//! [`CallError`], the instance is dropped and the next call makes a fresh one.
+
+mod cache;
+mod handle;
+mod wasi;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use crate::config::{Limits, TimeoutKind};
+pub use handle::{GroupStateHandle, StagedValue};
+use wasi::VirtualEnv;
+
+/// The generated bindings of the `state-function` world.
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "state-function",
+        imports: { default: trappable },
+        additional_derives: [PartialEq, Eq],
+        with: {
+            "groupstate:plugin/state.group-state": crate::plugin::handle::GroupStateHandle,
+        },
+    });
+}
+
+use bindings::groupstate::plugin::types::TimeoutKind as WitTimeoutKind;
+use bindings::{StateFunction, StateFunctionPre};
+pub use bindings::{Event, PluginInfo};
+
+/// How often the epoch ticks; the CPU limit of a call is counted in these ticks.
+const EPOCH_TICK_MS: u64 = 5;
+
+/// WASI interfaces a plugin may import. They are all backed by the empty, virtual
+/// context of `wasi.rs`: no files, no network, no environment, virtual time and
+/// random. Anything else (sockets, HTTP, ...) is refused at load.
+const ALLOWED_WASI: &[&str] = &[
+    "wasi:cli/environment",
+    "wasi:cli/exit",
+    "wasi:cli/stdin",
+    "wasi:cli/stdout",
+    "wasi:cli/stderr",
+    "wasi:cli/terminal-input",
+    "wasi:cli/terminal-output",
+    "wasi:cli/terminal-stdin",
+    "wasi:cli/terminal-stdout",
+    "wasi:cli/terminal-stderr",
+    "wasi:clocks/wall-clock",
+    "wasi:clocks/monotonic-clock",
+    "wasi:io/error",
+    "wasi:io/poll",
+    "wasi:io/streams",
+    "wasi:random/random",
+    "wasi:random/insecure",
+    "wasi:random/insecure-seed",
+    "wasi:filesystem/types",
+    "wasi:filesystem/preopens",
+];
+
+/// Loading or instantiating a plugin failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// The file could not be read.
+    #[error("plugin {path}: cannot read ({source}); check the --plugin path")]
+    Read {
+        /// The plugin path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The file is not a component.
+    #[error("plugin {path}: {reason}")]
+    NotAComponent {
+        /// The plugin path.
+        path: PathBuf,
+        /// What it is instead, and what to do.
+        reason: String,
+    },
+    /// Cranelift refused the component.
+    #[error("plugin {path}: compile failed: {message}")]
+    Compile {
+        /// The plugin path.
+        path: PathBuf,
+        /// wasmtime's message.
+        message: String,
+    },
+    /// The component imports what the sandbox does not provide.
+    #[error("plugin {path}: imports that the sandbox does not provide: {imports}; a plugin may import only groupstate:plugin/* and the virtual WASI interfaces listed in the README")]
+    ForbiddenImports {
+        /// The plugin path.
+        path: PathBuf,
+        /// The offending imports, comma-separated.
+        imports: String,
+    },
+    /// The component does not fit the `state-function` world, or its start failed.
+    #[error("plugin {path}: instantiate failed: {message}")]
+    Instantiate {
+        /// The plugin path.
+        path: PathBuf,
+        /// wasmtime's message.
+        message: String,
+    },
+    /// The plugin's `init` refused the parameters.
+    #[error("plugin {path}: init refused the parameters: {message}")]
+    Init {
+        /// The plugin path.
+        path: PathBuf,
+        /// The plugin's message.
+        message: String,
+    },
+    /// The engine could not be configured.
+    #[error("plugin engine: {0}")]
+    Engine(String),
+}
+
+/// A plugin call failed; the key's state is as before the call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// The plugin trapped (panic, a limit hit, a bad handle...); the instance was
+    /// discarded.
+    #[error("trapped: {0}")]
+    Trap(String),
+    /// The plugin returned `err`.
+    #[error("returned an error: {0}")]
+    Returned(String),
+    /// The plugin's result broke a limit or the output format.
+    #[error("{0}")]
+    BadResult(String),
+    /// A fresh instance could not be made after a trap.
+    #[error("cannot re-instantiate after a trap: {0}")]
+    Reinstantiate(String),
+}
+
+/// What one call asks of the plugin.
+#[derive(Debug, Clone, Copy)]
+pub struct CallRequest<'a> {
+    /// The batch (seeds the virtual random stream).
+    pub batch_id: u64,
+    /// The group key.
+    pub key: &'a str,
+    /// The key's events (empty for a timeout call).
+    pub events: &'a [Event],
+    /// The key's state value before the call.
+    pub state: Option<&'a [u8]>,
+    /// Whether this call is for an expired timeout.
+    pub has_timed_out: bool,
+    /// The batch's watermark.
+    pub watermark_ms: i64,
+    /// The batch's processing time.
+    pub processing_time_ms: i64,
+}
+
+/// What a successful call decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallOutcome {
+    /// The state change.
+    pub value: StagedValue,
+    /// The key's timeout after the call (cleared unless the call set one).
+    pub timeout_ms: Option<i64>,
+    /// The outputs, each one JSON text.
+    pub outputs: Vec<String>,
+}
+
+/// The data of a plugin's store.
+pub struct HostState {
+    table: ResourceTable,
+    wasi: WasiCtx,
+    limits: StoreLimits,
+    log: handle::LogBudget,
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+/// The engine and linker shared by every plugin of a process, and the epoch ticker
+/// that enforces the CPU limit.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<HostState>,
+    limits: Limits,
+    cache: Option<cache::Cache>,
+    ticker_stop: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime").finish_non_exhaustive()
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.ticker_stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn engine_err(e: impl std::fmt::Display) -> PluginError {
+    PluginError::Engine(e.to_string())
+}
+
+impl Runtime {
+    /// An engine configured with the limits, and the compiled-component cache in
+    /// `cache_dir` (none: no cache).
+    pub fn new(limits: &Limits, cache_dir: Option<&Path>) -> Result<Self, PluginError> {
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        config.epoch_interruption(true);
+        config.max_wasm_stack(limits.wasm_stack_bytes_max);
+        let engine = Engine::new(&config).map_err(engine_err)?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(engine_err)?;
+        StateFunction::add_to_linker::<_, wasmtime::component::HasSelf<HostState>>(&mut linker, |s| s)
+            .map_err(engine_err)?;
+        let ticker_stop = Arc::new(AtomicBool::new(false));
+        spawn_ticker(engine.clone(), ticker_stop.clone());
+        let cache = cache_dir.map(|dir| cache::Cache::new(dir, &engine));
+        Ok(Self { engine, linker, limits: limits.clone(), cache, ticker_stop })
+    }
+
+    /// Loads, validates and instantiates the plugin at `path`, then calls its `info`
+    /// and `init(params)`.
+    pub fn load(&self, path: &Path, params: &[(String, String)]) -> Result<Plugin, PluginError> {
+        let bytes = std::fs::read(path).map_err(|source| PluginError::Read { path: path.to_owned(), source })?;
+        check_header(path, &bytes)?;
+        let component = self.compile(path, &bytes)?;
+        self.check_imports(path, &component)?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| PluginError::Instantiate { path: path.to_owned(), message: format!("{e:#}") })?;
+        let pre = StateFunctionPre::new(pre)
+            .map_err(|e| PluginError::Instantiate { path: path.to_owned(), message: format!("does not export the state-function world: {e:#}") })?;
+        let mut plugin = Plugin {
+            path: path.to_owned(),
+            sha256: cache::sha256_hex(&bytes),
+            size_bytes: bytes.len(),
+            pre,
+            params: params.to_vec(),
+            limits: self.limits.clone(),
+            engine: self.engine.clone(),
+            live: None,
+            info: PluginInfo { name: String::new(), version: String::new(), state_schema_version: 0 },
+        };
+        let live = plugin.instantiate().map_err(|message| PluginError::Init { path: path.to_owned(), message })?;
+        plugin.info = live.info.clone();
+        plugin.live = Some(live);
+        Ok(plugin)
+    }
+
+    /// Describes a component without running a pipeline: its imports and exports,
+    /// which imports the sandbox refuses, and (if it loads) its `info`.
+    pub fn inspect(&self, path: &Path) -> Result<Inspection, PluginError> {
+        let bytes = std::fs::read(path).map_err(|source| PluginError::Read { path: path.to_owned(), source })?;
+        check_header(path, &bytes)?;
+        let component = self.compile(path, &bytes)?;
+        let ty = component.component_type();
+        let imports: Vec<String> = ty.imports(&self.engine).map(|(n, _)| n.to_owned()).collect();
+        let exports: Vec<String> = ty.exports(&self.engine).map(|(n, _)| n.to_owned()).collect();
+        let forbidden_imports = imports.iter().filter(|n| !import_allowed(n)).cloned().collect();
+        let load = self.load(path, &[]);
+        Ok(Inspection {
+            size_bytes: bytes.len(),
+            sha256: cache::sha256_hex(&bytes),
+            imports,
+            exports,
+            forbidden_imports,
+            info: load.as_ref().ok().map(|p| p.info().clone()),
+            load_error: load.err().map(|e| e.to_string()),
+        })
+    }
+
+    fn compile(&self, path: &Path, bytes: &[u8]) -> Result<Component, PluginError> {
+        if let Some(cache) = &self.cache {
+            if let Some(component) = cache.get(&self.engine, bytes) {
+                return Ok(component);
+            }
+        }
+        let component = Component::new(&self.engine, bytes)
+            .map_err(|e| PluginError::Compile { path: path.to_owned(), message: format!("{e:#}") })?;
+        if let Some(cache) = &self.cache {
+            // A cache that cannot be written only costs a recompile next time.
+            if let Err(e) = cache.put(bytes, &component) {
+                eprintln!("groupstate: warning: compiled-plugin cache not written: {e}");
+            }
+        }
+        Ok(component)
+    }
+
+    fn check_imports(&self, path: &Path, component: &Component) -> Result<(), PluginError> {
+        let ty = component.component_type();
+        let forbidden: Vec<String> = ty
+            .imports(&self.engine)
+            .map(|(name, _)| name.to_owned())
+            .filter(|name| !import_allowed(name))
+            .collect();
+        if forbidden.is_empty() {
+            Ok(())
+        } else {
+            Err(PluginError::ForbiddenImports { path: path.to_owned(), imports: forbidden.join(", ") })
+        }
+    }
+}
+
+fn import_allowed(name: &str) -> bool {
+    let unversioned = name.split('@').next().unwrap_or(name);
+    unversioned.starts_with("groupstate:plugin/") || ALLOWED_WASI.contains(&unversioned)
+}
+
+fn check_header(path: &Path, bytes: &[u8]) -> Result<(), PluginError> {
+    let reason = if bytes.is_empty() {
+        "the file is empty; build the plugin with `cargo build --target wasm32-wasip2`".to_owned()
+    } else if !bytes.starts_with(b"\0asm") {
+        if std::str::from_utf8(bytes).is_ok_and(|t| t.trim_start().starts_with('(')) {
+            return Ok(()); // WebAssembly text; the compiler will judge it.
+        }
+        "not a WebAssembly file (no \\0asm header); pass the .wasm component the plugin build produced".to_owned()
+    } else if bytes.len() < 8 {
+        "truncated WebAssembly header".to_owned()
+    } else if bytes[4..8] == [1, 0, 0, 0] {
+        "is a core WebAssembly module, not a component; build with `--target wasm32-wasip2`, or wrap it with `wasm-tools component new`".to_owned()
+    } else {
+        return Ok(());
+    };
+    Err(PluginError::NotAComponent { path: path.to_owned(), reason })
+}
+
+fn spawn_ticker(engine: Engine, stop: Arc<AtomicBool>) {
+    // The ticker only counts; the deadline of each call is set in epochs. If the
+    // thread cannot be spawned, calls simply never time out, so report it loudly.
+    let spawned = std::thread::Builder::new().name("groupstate-epoch".into()).spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(std::time::Duration::from_millis(EPOCH_TICK_MS));
+            engine.increment_epoch();
+        }
+    });
+    if let Err(e) = spawned {
+        eprintln!("groupstate: warning: no epoch ticker ({e}): the CPU limit per call is not enforced");
+    }
+}
+
+/// What `groupstate plugin` shows about a component.
+#[derive(Debug, Clone)]
+pub struct Inspection {
+    /// File size.
+    pub size_bytes: usize,
+    /// sha256, hex.
+    pub sha256: String,
+    /// Everything it imports.
+    pub imports: Vec<String>,
+    /// Everything it exports.
+    pub exports: Vec<String>,
+    /// Imports the sandbox refuses.
+    pub forbidden_imports: Vec<String>,
+    /// Its `info`, when it loads (with no parameters).
+    pub info: Option<PluginInfo>,
+    /// Why it does not load, if it does not.
+    pub load_error: Option<String>,
+}
+
+/// A live instance: its store, bindings and virtual environment.
+struct Live {
+    store: Store<HostState>,
+    bindings: StateFunction,
+    env: Arc<VirtualEnv>,
+    info: PluginInfo,
+}
+
+/// A loaded plugin: the pre-instantiated component and one live instance, re-made
+/// after a trap.
+pub struct Plugin {
+    path: PathBuf,
+    sha256: String,
+    size_bytes: usize,
+    pre: StateFunctionPre<HostState>,
+    params: Vec<(String, String)>,
+    limits: Limits,
+    engine: Engine,
+    live: Option<Live>,
+    info: PluginInfo,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin").field("path", &self.path).field("info", &self.info).finish_non_exhaustive()
+    }
+}
+
+fn trap_message(e: &wasmtime::Error) -> String {
+    if let Some(trap) = e.downcast_ref::<wasmtime::Trap>() {
+        match trap {
+            wasmtime::Trap::Interrupt => return "CPU time limit (call_cpu_ms_max) exceeded".to_owned(),
+            wasmtime::Trap::StackOverflow => return "wasm stack overflow (wasm_stack_bytes_max)".to_owned(),
+            _ => {}
+        }
+    }
+    // The root cause first, then wasmtime's context (it names the wasm frames).
+    format!("{e:#}").replace('\n', " | ")
+}
+
+impl Plugin {
+    /// What the plugin said about itself.
+    pub fn info(&self) -> &PluginInfo {
+        &self.info
+    }
+
+    /// The component's sha256, hex.
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    /// The component's size in bytes.
+    pub fn size_bytes(&self) -> usize {
+        self.size_bytes
+    }
+
+    /// The plugin file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn instantiate(&self) -> Result<Live, String> {
+        let env = Arc::new(VirtualEnv::default());
+        let limits = StoreLimitsBuilder::new()
+            .memory_size(usize::try_from(self.limits.instance_memory_bytes_max).unwrap_or(usize::MAX))
+            .table_elements(1 << 20)
+            .instances(64)
+            .tables(64)
+            .memories(16)
+            .trap_on_grow_failure(true)
+            .build();
+        let state = HostState {
+            table: ResourceTable::new(),
+            wasi: wasi::build_ctx(&env),
+            limits,
+            log: handle::LogBudget::new(self.limits.log_bytes_per_call_max, self.path.clone()),
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limits);
+        store.set_epoch_deadline(self.epoch_ticks());
+        let bindings = self.pre.instantiate(&mut store).map_err(|e| format!("instantiate failed: {}", trap_message(&e)))?;
+        store.set_epoch_deadline(self.epoch_ticks());
+        let info = bindings.call_info(&mut store).map_err(|e| format!("info() trapped: {}", trap_message(&e)))?;
+        store.set_epoch_deadline(self.epoch_ticks());
+        bindings
+            .call_init(&mut store, &self.params)
+            .map_err(|e| format!("init() trapped: {}", trap_message(&e)))??;
+        Ok(Live { store, bindings, env, info })
+    }
+
+    fn epoch_ticks(&self) -> u64 {
+        self.limits.call_cpu_ms_max.div_ceil(EPOCH_TICK_MS) + 1
+    }
+
+    /// Calls `process` for one key. On `Ok`, the outcome holds the staged state,
+    /// timeout and outputs; on `Err` nothing of the call is kept.
+    pub fn call(&mut self, kind: TimeoutKind, req: &CallRequest<'_>) -> Result<CallOutcome, CallError> {
+        if self.live.is_none() {
+            let live = self.instantiate().map_err(CallError::Reinstantiate)?;
+            if live.info != self.info {
+                return Err(CallError::Reinstantiate(format!("info() changed from {:?} to {:?}", self.info, live.info)));
+            }
+            self.live = Some(live);
+        }
+        let ticks = self.epoch_ticks();
+        let limits = &self.limits;
+        let Some(live) = self.live.as_mut() else {
+            return Err(CallError::Reinstantiate("no instance".into()));
+        };
+        live.env.prepare_call(req.processing_time_ms, req.batch_id, req.key);
+        let handle = GroupStateHandle::new(req, kind, limits.state_bytes_max);
+        let resource = live.store.data_mut().table.push(handle).map_err(|e| CallError::Trap(e.to_string()))?;
+        let borrowed = wasmtime::component::Resource::<GroupStateHandle>::new_borrow(resource.rep());
+        live.store.data_mut().log.start_call(req.key);
+        live.store.set_epoch_deadline(ticks);
+        let result = live.bindings.call_process(&mut live.store, req.key, req.events, borrowed);
+        live.store.data_mut().log.end_call();
+        let handle = live.store.data_mut().table.delete(resource);
+        match (result, handle) {
+            (Ok(Ok(outputs)), Ok(handle)) => {
+                check_outputs(&outputs, limits)?;
+                let (value, timeout_ms) = handle.into_staged();
+                Ok(CallOutcome { value, timeout_ms, outputs })
+            }
+            (Ok(Err(message)), _) => Err(CallError::Returned(message)),
+            (Err(e), _) => {
+                // After a trap the store is poisoned: drop it, re-make it next call.
+                self.live = None;
+                Err(CallError::Trap(trap_message(&e)))
+            }
+            (Ok(Ok(_)), Err(e)) => {
+                self.live = None;
+                Err(CallError::Trap(format!("state handle lost: {e}")))
+            }
+        }
+    }
+
+    /// Converts a state value from an older schema version through `migrate-state`.
+    pub fn migrate(&mut self, from_version: u32, value: &[u8]) -> Result<Vec<u8>, CallError> {
+        if self.live.is_none() {
+            self.live = Some(self.instantiate().map_err(CallError::Reinstantiate)?);
+        }
+        let ticks = self.epoch_ticks();
+        let Some(live) = self.live.as_mut() else {
+            return Err(CallError::Reinstantiate("no instance".into()));
+        };
+        live.store.set_epoch_deadline(ticks);
+        match live.bindings.call_migrate_state(&mut live.store, from_version, value) {
+            Ok(Ok(v)) if v.len() as u64 <= self.limits.state_bytes_max => Ok(v),
+            Ok(Ok(v)) => Err(CallError::BadResult(format!(
+                "migrate-state returned {} bytes, over state_bytes_max ({})",
+                v.len(),
+                self.limits.state_bytes_max
+            ))),
+            Ok(Err(message)) => Err(CallError::Returned(format!("migrate-state from schema {from_version}: {message}"))),
+            Err(e) => {
+                self.live = None;
+                Err(CallError::Trap(trap_message(&e)))
+            }
+        }
+    }
+}
+
+fn check_outputs(outputs: &[String], limits: &Limits) -> Result<(), CallError> {
+    if outputs.len() > limits.outputs_per_call_max {
+        return Err(CallError::BadResult(format!(
+            "returned {} outputs, over outputs_per_call_max ({}); emit fewer or raise the limit",
+            outputs.len(),
+            limits.outputs_per_call_max
+        )));
+    }
+    for (i, out) in outputs.iter().enumerate() {
+        if out.len() > limits.output_bytes_max {
+            return Err(CallError::BadResult(format!(
+                "output {i} has {} bytes, over output_bytes_max ({})",
+                out.len(),
+                limits.output_bytes_max
+            )));
+        }
+        if out.contains('\n') {
+            return Err(CallError::BadResult(format!("output {i} contains a newline; emit compact JSON, one value per output")));
+        }
+        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(out) {
+            return Err(CallError::BadResult(format!("output {i} is not JSON ({e}): {:.80}", out)));
+        }
+    }
+    Ok(())
+}
+
+impl From<TimeoutKind> for WitTimeoutKind {
+    fn from(k: TimeoutKind) -> Self {
+        match k {
+            TimeoutKind::None => Self::None,
+            TimeoutKind::ProcessingTime => Self::ProcessingTime,
+            TimeoutKind::EventTime => Self::EventTime,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_errors_are_clear() {
+        let p = Path::new("p.wasm");
+        let msg = |b: &[u8]| check_header(p, b).unwrap_err().to_string();
+        assert!(msg(b"").contains("empty"));
+        assert!(msg(b"garbage bytes").contains("not a WebAssembly file"));
+        assert!(msg(b"\0asm\x01\0\0\0").contains("core WebAssembly module"));
+        assert!(check_header(p, b"\0asm\x0d\0\x01\0").is_ok());
+    }
+
+    #[test]
+    fn import_allow_list() {
+        assert!(import_allowed("wasi:cli/environment@0.2.6"));
+        assert!(import_allowed("groupstate:plugin/state@0.1.0"));
+        assert!(!import_allowed("wasi:sockets/tcp@0.2.6"));
+        assert!(!import_allowed("wasi:http/outgoing-handler@0.2.0"));
+    }
+}

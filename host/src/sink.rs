@@ -1,0 +1,188 @@
+//! Output streams (results, late data, dead letters) with a committed length. A batch's
+//! lines are buffered, written before the store commit, and the commit records the new
+//! length; on restart a file is truncated back to its committed length, so a file sink
+//! holds every committed batch exactly once. Stdout cannot be taken back: it is
+//! at-least-once across a crash.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+/// A batch's buffered bytes are written out early past this size (a file sink still
+/// truncates them away if the batch is not committed).
+const BUFFER_BYTES_MAX: usize = 4 << 20;
+
+/// A sink failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// Opening, truncating or writing failed.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// Which sink and operation.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// The file is shorter than what was committed to it.
+    #[error("{path} has {len} bytes but {committed} were committed to it; it was truncated or replaced outside groupstate: restore it or use a new --state-dir")]
+    Shrunk {
+        /// The file.
+        path: PathBuf,
+        /// Its length.
+        len: u64,
+        /// The committed length.
+        committed: u64,
+    },
+}
+
+enum Target {
+    File { path: PathBuf, file: File },
+    Stdout,
+}
+
+/// One output stream.
+pub struct Sink {
+    target: Target,
+    buf: Vec<u8>,
+    /// Bytes of committed batches.
+    committed_len: u64,
+    /// Bytes written to the target (committed, plus this batch's early writes).
+    written_len: u64,
+}
+
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Sink({}, committed {})", self.describe(), self.committed_len)
+    }
+}
+
+impl Sink {
+    /// Opens a file sink, cutting off anything after `committed_len` (the output of a
+    /// batch that did not commit).
+    pub fn open_file(path: &Path, committed_len: u64) -> Result<Self, SinkError> {
+        let err = |what| move |source| SinkError::Io { what, path: path.to_owned(), source };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(err("create directory of"))?;
+        }
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(err("open"))?;
+        let len = file.metadata().map_err(err("stat"))?.len();
+        if len < committed_len {
+            return Err(SinkError::Shrunk { path: path.to_owned(), len, committed: committed_len });
+        }
+        if len > committed_len {
+            file.set_len(committed_len).map_err(err("truncate uncommitted output of"))?;
+        }
+        file.seek(SeekFrom::Start(committed_len)).map_err(err("seek"))?;
+        Ok(Self {
+            target: Target::File { path: path.to_owned(), file },
+            buf: Vec::new(),
+            committed_len,
+            written_len: committed_len,
+        })
+    }
+
+    /// A stdout sink.
+    pub fn stdout(committed_len: u64) -> Self {
+        Self { target: Target::Stdout, buf: Vec::new(), committed_len, written_len: committed_len }
+    }
+
+    fn describe(&self) -> String {
+        match &self.target {
+            Target::File { path, .. } => path.display().to_string(),
+            Target::Stdout => "stdout".to_owned(),
+        }
+    }
+
+    fn io_err(&self, what: &'static str) -> impl FnOnce(io::Error) -> SinkError + '_ {
+        move |source| SinkError::Io { what, path: PathBuf::from(self.describe()), source }
+    }
+
+    /// Appends one line (a newline is added) to the current batch.
+    pub fn push_line(&mut self, line: &str) -> Result<(), SinkError> {
+        self.buf.extend_from_slice(line.as_bytes());
+        self.buf.push(b'\n');
+        if self.buf.len() >= BUFFER_BYTES_MAX {
+            self.write_buf()?;
+        }
+        Ok(())
+    }
+
+    fn write_buf(&mut self) -> Result<(), SinkError> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let result = match &mut self.target {
+            Target::File { file, .. } => file.write_all(&self.buf),
+            Target::Stdout => io::stdout().lock().write_all(&self.buf),
+        };
+        result.map_err(self.io_err("write"))?;
+        self.written_len += self.buf.len() as u64;
+        self.buf.clear();
+        Ok(())
+    }
+
+    /// Writes the batch out (and with `durable`, to disk) and returns the length the
+    /// commit must record. The length becomes committed with [`Sink::committed`].
+    pub fn prepare_commit(&mut self, durable: bool) -> Result<u64, SinkError> {
+        self.write_buf()?;
+        let result = match &mut self.target {
+            Target::File { file, .. } if durable => file.sync_data(),
+            Target::File { .. } => Ok(()),
+            Target::Stdout => io::stdout().lock().flush(),
+        };
+        result.map_err(self.io_err("flush"))?;
+        Ok(self.written_len)
+    }
+
+    /// Records that the store committed everything written so far.
+    pub fn committed(&mut self) {
+        self.committed_len = self.written_len;
+    }
+
+    /// Drops the current batch: buffered lines, and for a file what was written early.
+    pub fn abort_batch(&mut self) -> Result<(), SinkError> {
+        self.buf.clear();
+        if let Target::File { file, path } = &mut self.target {
+            let cut = |source| SinkError::Io { what: "truncate", path: path.clone(), source };
+            file.set_len(self.committed_len).map_err(cut)?;
+            file.seek(SeekFrom::Start(self.committed_len)).map_err(cut)?;
+            self.written_len = self.committed_len;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reopen_truncates_uncommitted_and_refuses_shrunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out").join("o.jsonl");
+        let mut sink = Sink::open_file(&path, 0).unwrap();
+        sink.push_line("{\"a\":1}").unwrap();
+        let len = sink.prepare_commit(true).unwrap();
+        sink.committed();
+        sink.push_line("{\"b\":2}").unwrap();
+        sink.prepare_commit(false).unwrap(); // written but never committed
+        drop(sink);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"a\":1}\n{\"b\":2}\n");
+        let mut sink = Sink::open_file(&path, len).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"a\":1}\n");
+        sink.push_line("{\"c\":3}").unwrap();
+        sink.prepare_commit(false).unwrap();
+        sink.abort_batch().unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"a\":1}\n");
+        let err = Sink::open_file(&path, 100).unwrap_err().to_string();
+        assert!(err.contains("were committed"), "{err}");
+    }
+}

@@ -1,0 +1,331 @@
+//! JSON Lines input with byte offsets: a file (seekable, so a planned batch can be
+//! re-read exactly) or stdin (read by a thread into a bounded queue, so a batch can
+//! close on a timer while no line arrives).
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// Lines queued from stdin at most, before the reader thread waits.
+const STDIN_QUEUE_LINES_MAX: usize = 65_536;
+
+/// One input line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Line {
+    /// Byte offset of the line's first byte.
+    pub offset: u64,
+    /// The line without its terminator, or why it could not be read.
+    pub text: Result<String, LineError>,
+}
+
+/// A line that is not text the decoder can look at.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LineError {
+    /// Longer than `line_bytes_max`.
+    #[error("line of {len} bytes is longer than line_bytes_max ({max}); split the record or raise the limit")]
+    TooLong {
+        /// The line's length.
+        len: u64,
+        /// The limit.
+        max: usize,
+    },
+    /// Not UTF-8.
+    #[error("line is not valid UTF-8")]
+    NotUtf8,
+}
+
+/// An input failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// Opening failed.
+    #[error("input {path}: cannot open ({source}); check the path")]
+    Open {
+        /// The input path.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// Reading failed.
+    #[error("input: read failed at offset {offset}: {source}")]
+    Read {
+        /// Where.
+        offset: u64,
+        /// The error.
+        source: io::Error,
+    },
+    /// The input is shorter than the committed position: it was replaced or truncated.
+    #[error("input {path} has {len} bytes but {committed} were already committed from it; it was truncated or replaced: use a new --state-dir for a new input")]
+    Shrunk {
+        /// The input path.
+        path: PathBuf,
+        /// Its length now.
+        len: u64,
+        /// The committed offset.
+        committed: u64,
+    },
+    /// A batch plan cannot be replayed from stdin.
+    #[error("cannot re-read a planned batch from stdin")]
+    NotSeekable,
+}
+
+/// Reads lines of at most `max` bytes from a `BufRead`, tracking the offset.
+struct LineReader<R> {
+    inner: R,
+    /// Offset after the last line returned.
+    offset: u64,
+    line_bytes_max: usize,
+    /// Whether a final line without a newline counts as a line (a finished file) or
+    /// must wait for its newline (a file still being written).
+    accept_unterminated: bool,
+    /// The line being read: kept across calls while it waits for its newline.
+    buf: Vec<u8>,
+    consumed: u64,
+    too_long: bool,
+}
+
+impl<R: BufRead> LineReader<R> {
+    fn new(inner: R, offset: u64, line_bytes_max: usize, accept_unterminated: bool) -> Self {
+        Self { inner, offset, line_bytes_max, accept_unterminated, buf: Vec::new(), consumed: 0, too_long: false }
+    }
+
+    /// The next line and the bytes it took, or `None` at the end of the input (or
+    /// before an unterminated final line that must wait for its newline).
+    fn next_line(&mut self) -> io::Result<Option<(Line, u64)>> {
+        loop {
+            let chunk = self.inner.fill_buf()?;
+            if chunk.is_empty() {
+                if self.consumed == 0 || !self.accept_unterminated {
+                    return Ok(None);
+                }
+                break;
+            }
+            let (part, done) = match chunk.iter().position(|&b| b == b'\n') {
+                Some(i) => (&chunk[..=i], true),
+                None => (chunk, false),
+            };
+            let n = part.len();
+            // Keep at most the limit plus a CR LF; past that, only count.
+            if !self.too_long && self.buf.len() + n <= self.line_bytes_max + 2 {
+                self.buf.extend_from_slice(part);
+            } else {
+                self.too_long = true;
+                self.buf = Vec::new();
+            }
+            self.inner.consume(n);
+            self.consumed += n as u64;
+            if done {
+                break;
+            }
+        }
+        let start = self.offset;
+        let consumed = std::mem::take(&mut self.consumed);
+        let mut buf = std::mem::take(&mut self.buf);
+        let too_long = std::mem::take(&mut self.too_long);
+        self.offset += consumed;
+        strip_terminator(&mut buf);
+        let text = if too_long || buf.len() > self.line_bytes_max {
+            let len = if too_long { consumed } else { buf.len() as u64 };
+            Err(LineError::TooLong { len, max: self.line_bytes_max })
+        } else {
+            String::from_utf8(buf).map_err(|_| LineError::NotUtf8)
+        };
+        Ok(Some((Line { offset: start, text }, consumed)))
+    }
+}
+
+fn strip_terminator(buf: &mut Vec<u8>) {
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+        if buf.last() == Some(&b'\r') {
+            buf.pop();
+        }
+    }
+}
+
+/// An input of JSON Lines.
+pub struct Source {
+    inner: Inner,
+}
+
+enum Inner {
+    File {
+        path: PathBuf,
+        reader: LineReader<BufReader<File>>,
+    },
+    Stdin {
+        /// Lines from the thread; `Ok(None)` when stdin closed.
+        rx: mpsc::Receiver<io::Result<Option<(Line, u64)>>>,
+        /// Offset after the last line received.
+        offset: u64,
+        closed: bool,
+    },
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.inner {
+            Inner::File { path, .. } => write!(f, "Source::File({})", path.display()),
+            Inner::Stdin { offset, .. } => write!(f, "Source::Stdin(@{offset})"),
+        }
+    }
+}
+
+impl Source {
+    /// Opens a file positioned at `offset`. With `follow`, a final line without a
+    /// newline waits for it.
+    pub fn open_file(path: &Path, offset: u64, line_bytes_max: usize, follow: bool) -> Result<Self, SourceError> {
+        let open_err = |source| SourceError::Open { path: path.to_owned(), source };
+        let mut file = File::open(path).map_err(open_err)?;
+        let len = file.metadata().map_err(open_err)?.len();
+        if len < offset {
+            return Err(SourceError::Shrunk { path: path.to_owned(), len, committed: offset });
+        }
+        file.seek(SeekFrom::Start(offset)).map_err(|source| SourceError::Read { offset, source })?;
+        let reader = LineReader::new(BufReader::with_capacity(1 << 20, file), offset, line_bytes_max, !follow);
+        Ok(Self { inner: Inner::File { path: path.to_owned(), reader } })
+    }
+
+    /// Starts reading stdin on a thread; offsets count from `offset` (stdin cannot be
+    /// re-read, so a resumed run continues the count).
+    pub fn stdin(offset: u64, line_bytes_max: usize) -> Self {
+        let (tx, rx) = mpsc::sync_channel(STDIN_QUEUE_LINES_MAX);
+        std::thread::Builder::new()
+            .name("groupstate-stdin".into())
+            .spawn(move || {
+                let mut reader = LineReader::new(BufReader::new(io::stdin().lock()), offset, line_bytes_max, true);
+                loop {
+                    let next = reader.next_line();
+                    let end = !matches!(next, Ok(Some(_)));
+                    if tx.send(next).is_err() || end {
+                        return;
+                    }
+                }
+            })
+            .ok();
+        Self { inner: Inner::Stdin { rx, offset, closed: false } }
+    }
+
+    /// The offset after the last line returned.
+    pub fn offset(&self) -> u64 {
+        match &self.inner {
+            Inner::File { reader, .. } => reader.offset,
+            Inner::Stdin { offset, .. } => *offset,
+        }
+    }
+
+    /// Whether a planned range can be read again (files can, stdin cannot).
+    pub fn is_seekable(&self) -> bool {
+        matches!(self.inner, Inner::File { .. })
+    }
+
+    /// Reads up to `max` lines, stopping at `end_offset` if given (a replayed plan).
+    /// With stdin, waits at most `wait` for the first line and then takes only what
+    /// is already queued. Returns an empty vector at the end of the input (for now).
+    pub fn read_batch(&mut self, max: usize, end_offset: Option<u64>, wait: Duration) -> Result<Vec<Line>, SourceError> {
+        let mut lines = Vec::new();
+        match &mut self.inner {
+            Inner::File { reader: r, .. } => {
+                while lines.len() < max && end_offset.is_none_or(|end| r.offset < end) {
+                    let offset = r.offset;
+                    match r.next_line().map_err(|source| SourceError::Read { offset, source })? {
+                        Some((line, _)) => lines.push(line),
+                        None => break,
+                    }
+                }
+            }
+            Inner::Stdin { rx, offset, closed } => {
+                if end_offset.is_some() {
+                    return Err(SourceError::NotSeekable);
+                }
+                let mut timeout = wait;
+                while lines.len() < max && !*closed {
+                    match rx.recv_timeout(timeout) {
+                        Ok(Ok(Some((line, consumed)))) => {
+                            *offset = line.offset + consumed;
+                            lines.push(line);
+                            timeout = Duration::ZERO;
+                        }
+                        Ok(Ok(None)) | Err(mpsc::RecvTimeoutError::Disconnected) => *closed = true,
+                        Ok(Err(source)) => return Err(SourceError::Read { offset: *offset, source }),
+                        Err(mpsc::RecvTimeoutError::Timeout) => break,
+                    }
+                }
+            }
+        }
+        Ok(lines)
+    }
+
+    /// Whether stdin has closed (always false for files: a file may grow).
+    pub fn is_closed(&self) -> bool {
+        matches!(self.inner, Inner::Stdin { closed: true, .. })
+    }
+}
+
+/// Reads everything from `r` into lines (for tests of the line splitting).
+#[cfg(test)]
+fn split_all<R: io::Read>(r: R, max: usize, accept_unterminated: bool) -> Vec<Line> {
+    let mut reader = LineReader::new(BufReader::with_capacity(7, r), 0, max, accept_unterminated);
+    let mut out = Vec::new();
+    while let Some((line, _)) = reader.next_line().unwrap() {
+        out.push(line);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_with_offsets_limits_and_terminators() {
+        let input = b"{\"a\":1}\r\n\nabcdefghijklmnopqrstuvwxyz\n\xff\xfe\nlast";
+        let lines = split_all(&input[..], 10, true);
+        let got: Vec<(u64, Result<String, LineError>)> = lines.into_iter().map(|l| (l.offset, l.text)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, Ok("{\"a\":1}".to_owned())),
+                (9, Ok(String::new())),
+                (10, Err(LineError::TooLong { len: 27, max: 10 })),
+                (37, Err(LineError::NotUtf8)),
+                (40, Ok("last".to_owned())),
+            ]
+        );
+    }
+
+    #[test]
+    fn unterminated_last_line_waits_when_following() {
+        let lines = split_all(&b"a\nb"[..], 10, false);
+        assert_eq!(lines.len(), 1);
+        // The partial line is kept and completed by a later read.
+        let mut reader = LineReader::new(io::Cursor::new(b"a\nbc".to_vec()), 0, 10, false);
+        assert!(reader.next_line().unwrap().is_some());
+        assert!(reader.next_line().unwrap().is_none());
+        assert_eq!(reader.offset, 2);
+        let mut rest = reader.inner.into_inner();
+        rest.extend_from_slice(b"d\n");
+        let mut cursor = io::Cursor::new(rest);
+        cursor.set_position(5);
+        reader.inner = cursor;
+        let (line, consumed) = reader.next_line().unwrap().unwrap();
+        assert_eq!((line.offset, line.text, consumed), (2, Ok("bcd".to_owned()), 4));
+    }
+
+    #[test]
+    fn file_source_resumes_and_stops_at_plan_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.jsonl");
+        std::fs::write(&path, "a\nbb\nccc\ndddd\n").unwrap();
+        let mut src = Source::open_file(&path, 2, 100, false).unwrap();
+        let lines = src.read_batch(10, Some(9), Duration::ZERO).unwrap();
+        assert_eq!(lines.iter().map(|l| l.offset).collect::<Vec<_>>(), vec![2, 5]);
+        assert_eq!(src.offset(), 9);
+        let rest = src.read_batch(10, None, Duration::ZERO).unwrap();
+        assert_eq!(rest.len(), 1);
+        assert!(src.read_batch(10, None, Duration::ZERO).unwrap().is_empty());
+        let err = Source::open_file(&path, 100, 100, false).unwrap_err().to_string();
+        assert!(err.contains("truncated or replaced"), "{err}");
+    }
+}
