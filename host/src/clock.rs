@@ -25,9 +25,7 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     #[allow(clippy::disallowed_methods)] // The one place that may read the real time.
     fn now_ms(&self) -> i64 {
-        let since_epoch = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or(Duration::ZERO);
+        let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or(Duration::ZERO);
         i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
     }
 

@@ -7,9 +7,8 @@ use bincode::{Decode, Encode};
 
 /// Fixed-width integers keep a record's size independent of its values, which makes
 /// the size assertions at the storage boundary simple.
-const CONFIG: Configuration<LittleEndian, Fixint> = bincode::config::standard()
-    .with_little_endian()
-    .with_fixed_int_encoding();
+const CONFIG: Configuration<LittleEndian, Fixint> =
+    bincode::config::standard().with_little_endian().with_fixed_int_encoding();
 
 /// Records larger than this are refused on decode: no host record comes near it, so a
 /// larger length prefix means corruption, not data.
@@ -18,7 +17,9 @@ const RECORD_BYTES_MAX: usize = 256 << 20;
 /// A record could not be decoded: the bytes are corrupt or were written by an
 /// incompatible version of groupstate.
 #[derive(Debug, thiserror::Error)]
-#[error("{what}: cannot decode stored record ({source}); the state dir is corrupt or from an incompatible groupstate version")]
+#[error(
+    "{what}: cannot decode stored record ({source}); the state dir is corrupt or from an incompatible groupstate version"
+)]
 pub struct DecodeError {
     what: &'static str,
     #[source]
@@ -38,15 +39,11 @@ pub fn encode<T: Encode>(value: &T) -> Vec<u8> {
 /// Decodes a `what` record, refusing trailing bytes.
 pub fn decode<T: Decode<()>>(what: &'static str, bytes: &[u8]) -> Result<T, DecodeError> {
     let config = CONFIG.with_limit::<RECORD_BYTES_MAX>();
-    let (value, read) = bincode::decode_from_slice(bytes, config)
-        .map_err(|source| DecodeError { what, source })?;
+    let (value, read) = bincode::decode_from_slice(bytes, config).map_err(|source| DecodeError { what, source })?;
     if read != bytes.len() {
         return Err(DecodeError {
             what,
-            source: bincode::error::DecodeError::OtherString(format!(
-                "{} trailing bytes",
-                bytes.len() - read
-            )),
+            source: bincode::error::DecodeError::OtherString(format!("{} trailing bytes", bytes.len() - read)),
         });
     }
     Ok(value)

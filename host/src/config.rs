@@ -251,10 +251,9 @@ impl PipelineConfig {
     /// Reads a TOML pipeline file; relative paths in it are taken relative to the
     /// file's directory.
     pub fn from_toml_file(path: &std::path::Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
-        let mut config: Self =
-            toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+        let mut config: Self = toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
         let base = path.parent().unwrap_or(std::path::Path::new("."));
         config.rebase(base);
         Ok(config)

@@ -65,9 +65,7 @@ impl Decoder {
     /// Decodes one line.
     pub fn decode(&self, line: &str) -> Result<Decoded, DecodeError> {
         let mut de = serde_json::Deserializer::from_str(line);
-        let found = FieldsSeed { decoder: self }
-            .deserialize(&mut de)
-            .map_err(classify)?;
+        let found = FieldsSeed { decoder: self }.deserialize(&mut de).map_err(classify)?;
         de.end().map_err(|e| DecodeError::Json(e.to_string()))?;
         let key = match found.key {
             Some(Field::Str(k)) => k,

@@ -34,7 +34,9 @@ pub enum Error {
     #[error(transparent)]
     Sink(#[from] SinkError),
     /// A plugin call failed under `--on-error fail`.
-    #[error("batch {batch_id}: plugin {plugin} failed on key {key:?}: {cause}; nothing of this batch was committed: fix the plugin, or rerun with --on-error skip or dead-letter")]
+    #[error(
+        "batch {batch_id}: plugin {plugin} failed on key {key:?}: {cause}; nothing of this batch was committed: fix the plugin, or rerun with --on-error skip or dead-letter"
+    )]
     Call {
         /// The batch.
         batch_id: u64,
@@ -151,19 +153,7 @@ impl Pipeline {
         let dead_letter =
             Sink::open_file(&side_path(&config, &config.dead_letter, "dead-letter.jsonl"), checkpoint.dead_letter_len)?;
         let decoder = Decoder::new(&config.key_field, config.time_field.as_deref());
-        Ok(Self {
-            config,
-            clock,
-            store,
-            plugin,
-            decoder,
-            source,
-            output,
-            late,
-            dead_letter,
-            checkpoint,
-            plugin_label,
-        })
+        Ok(Self { config, clock, store, plugin, decoder, source, output, late, dead_letter, checkpoint, plugin_label })
     }
 
     /// The plugin's name, version and schema.
@@ -209,14 +199,17 @@ impl Pipeline {
     /// Plans and runs one batch; `None` when there is nothing to do now.
     pub fn next_batch(&mut self) -> Result<Option<BatchReport>, Error> {
         let batch_id = self.checkpoint.next_batch_id;
-        if let Some(plan) = self.store.pending_plan()? {
-            if plan.batch_id == batch_id && plan.start_offset == self.checkpoint.input_offset {
-                if self.source.is_seekable() {
-                    let lines = self.source.read_batch(usize::MAX, Some(plan.end_offset), Duration::ZERO)?;
-                    return self.run_plan(&plan, lines, true).map(Some);
-                }
-                eprintln!("groupstate: warning: batch {batch_id} was planned from stdin and cannot be re-read; planning anew");
+        if let Some(plan) = self.store.pending_plan()?
+            && plan.batch_id == batch_id
+            && plan.start_offset == self.checkpoint.input_offset
+        {
+            if self.source.is_seekable() {
+                let lines = self.source.read_batch(usize::MAX, Some(plan.end_offset), Duration::ZERO)?;
+                return self.run_plan(&plan, lines, true).map(Some);
             }
+            eprintln!(
+                "groupstate: warning: batch {batch_id} was planned from stdin and cannot be re-read; planning anew"
+            );
         }
         let wait = Duration::from_millis(self.config.trigger_interval_ms);
         let lines = self.source.read_batch(self.config.batch_events_max, None, wait)?;
@@ -239,10 +232,8 @@ impl Pipeline {
     /// The watermark of the next batch: the largest event time of committed batches
     /// minus the delay, never below the last watermark.
     fn next_watermark(&self) -> i64 {
-        let from_events = self
-            .checkpoint
-            .max_event_time_ms
-            .map_or(i64::MIN, |t| t.saturating_sub(self.config.watermark_delay_ms));
+        let from_events =
+            self.checkpoint.max_event_time_ms.map_or(i64::MIN, |t| t.saturating_sub(self.config.watermark_delay_ms));
         from_events.max(self.checkpoint.watermark_ms)
     }
 
@@ -446,7 +437,12 @@ impl Pipeline {
         cause: CallError,
     ) -> Result<(), Error> {
         if self.config.on_error == ErrorPolicy::Fail {
-            return Err(Error::Call { batch_id: batch.plan.batch_id, plugin: self.plugin_label.clone(), key: key.to_owned(), cause });
+            return Err(Error::Call {
+                batch_id: batch.plan.batch_id,
+                plugin: self.plugin_label.clone(),
+                key: key.to_owned(),
+                cause,
+            });
         }
         batch.counters.failed_calls += 1;
         if self.config.on_error == ErrorPolicy::DeadLetter {
@@ -464,12 +460,12 @@ impl Pipeline {
         }
         // The key keeps its state. A failed timeout call also drops the timer, or the
         // key would fail again in every following batch.
-        if events.is_empty() {
-            if let Some(record) = &before {
-                let after = KeyRecord { timeout_ms: None, ..record.clone() };
-                let after = (!after.is_empty()).then_some(after);
-                batch.changes.push(KeyChange { key: key.to_owned(), before, after });
-            }
+        if events.is_empty()
+            && let Some(record) = &before
+        {
+            let after = KeyRecord { timeout_ms: None, ..record.clone() };
+            let after = (!after.is_empty()).then_some(after);
+            batch.changes.push(KeyChange { key: key.to_owned(), before, after });
         }
         Ok(())
     }

@@ -26,7 +26,9 @@ pub enum SinkError {
         source: io::Error,
     },
     /// The file is shorter than what was committed to it.
-    #[error("{path} has {len} bytes but {committed} were committed to it; it was truncated or replaced outside groupstate: restore it or use a new --state-dir")]
+    #[error(
+        "{path} has {len} bytes but {committed} were committed to it; it was truncated or replaced outside groupstate: restore it or use a new --state-dir"
+    )]
     Shrunk {
         /// The file.
         path: PathBuf,
@@ -66,13 +68,8 @@ impl Sink {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(err("create directory of"))?;
         }
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(err("open"))?;
+        let mut file =
+            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(err("open"))?;
         let len = file.metadata().map_err(err("stat"))?.len();
         if len < committed_len {
             return Err(SinkError::Shrunk { path: path.to_owned(), len, committed: committed_len });

@@ -56,7 +56,9 @@ pub enum SourceError {
         source: io::Error,
     },
     /// The input is shorter than the committed position: it was replaced or truncated.
-    #[error("input {path} has {len} bytes but {committed} were already committed from it; it was truncated or replaced: use a new --state-dir for a new input")]
+    #[error(
+        "input {path} has {len} bytes but {committed} were already committed from it; it was truncated or replaced: use a new --state-dir for a new input"
+    )]
     Shrunk {
         /// The input path.
         path: PathBuf,
@@ -223,7 +225,12 @@ impl Source {
     /// Reads up to `max` lines, stopping at `end_offset` if given (a replayed plan).
     /// With stdin, waits at most `wait` for the first line and then takes only what
     /// is already queued. Returns an empty vector at the end of the input (for now).
-    pub fn read_batch(&mut self, max: usize, end_offset: Option<u64>, wait: Duration) -> Result<Vec<Line>, SourceError> {
+    pub fn read_batch(
+        &mut self,
+        max: usize,
+        end_offset: Option<u64>,
+        wait: Duration,
+    ) -> Result<Vec<Line>, SourceError> {
         let mut lines = Vec::new();
         match &mut self.inner {
             Inner::File { reader: r, .. } => {
@@ -307,7 +314,7 @@ mod tests {
         let mut rest = reader.inner.into_inner();
         rest.extend_from_slice(b"d\n");
         let mut cursor = io::Cursor::new(rest);
-        cursor.set_position(5);
+        cursor.set_position(4);
         reader.inner = cursor;
         let (line, consumed) = reader.next_line().unwrap().unwrap();
         assert_eq!((line.offset, line.text, consumed), (2, Ok("bcd".to_owned()), 4));

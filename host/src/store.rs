@@ -24,6 +24,9 @@ const META_CHECKPOINT: &[u8] = b"mcheckpoint";
 const META_PLAN: &[u8] = b"mplan";
 const META_PIPELINE: &[u8] = b"mpipeline";
 
+/// How often `open` retries a locked database (20 ms apart, 5 s in all) before giving up.
+const OPEN_LOCK_RETRIES: u32 = 250;
+
 /// Keys longer than this are refused before they reach the store (sled keys are
 /// cheap up to a few KiB; a longer key is almost certainly a wrong `--key-field`).
 pub const KEY_BYTES_MAX: usize = 4096;
@@ -32,7 +35,9 @@ pub const KEY_BYTES_MAX: usize = 4096;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// sled could not open the directory.
-    #[error("state dir {path}: cannot open ({source}); check the path and its permissions, and that no other groupstate process uses it")]
+    #[error(
+        "state dir {path}: cannot open ({source}); check the path and its permissions, and that no other groupstate process uses it"
+    )]
     Open {
         /// The state dir.
         path: PathBuf,
@@ -206,8 +211,7 @@ fn parse_timer_key(raw: &[u8]) -> Result<(i64, String)> {
     }
     let mut deadline = [0u8; 8];
     deadline.copy_from_slice(&raw[1..9]);
-    let key = std::str::from_utf8(&raw[9..])
-        .map_err(|_| StoreError::Corrupt("timer index key is not UTF-8".into()))?;
+    let key = std::str::from_utf8(&raw[9..]).map_err(|_| StoreError::Corrupt("timer index key is not UTF-8".into()))?;
     Ok((from_ordered_i64(deadline), key.to_owned()))
 }
 
@@ -215,14 +219,27 @@ impl Store {
     /// Opens (or creates) the store in `dir`. `cache_bytes` bounds sled's page cache.
     pub fn open(dir: &Path, cache_bytes: u64) -> Result<Self> {
         let open_err = |source| StoreError::Open { path: dir.to_owned(), source };
-        let db = sled::Config::new()
+        let config = sled::Config::new()
             .path(dir)
             .cache_capacity(cache_bytes)
             // The engine flushes at every commit when asked to; the background flush
             // only bounds how much a crash can lose when it is not.
-            .flush_every_ms(Some(1000))
-            .open()
-            .map_err(open_err)?;
+            .flush_every_ms(Some(1000));
+        // sled releases its file lock only when its background flusher has exited,
+        // shortly after the `Db` is dropped; a reopen within the same process may
+        // have to wait for that.
+        let mut attempts = 0;
+        let db = loop {
+            match config.open() {
+                Err(sled::Error::Io(e))
+                    if e.kind() == std::io::ErrorKind::WouldBlock && attempts < OPEN_LOCK_RETRIES =>
+                {
+                    attempts += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => break other.map_err(open_err)?,
+            }
+        };
         let tree = db.open_tree("groupstate").map_err(open_err)?;
         Ok(Self { db, tree })
     }
@@ -246,9 +263,7 @@ impl Store {
 
     /// Records the pipeline identity (first run only).
     pub fn set_pipeline_identity(&self, id: &PipelineIdentity) -> Result<()> {
-        self.tree
-            .insert(META_PIPELINE, codec::encode(id))
-            .map_err(io("write pipeline identity"))?;
+        self.tree.insert(META_PIPELINE, codec::encode(id)).map_err(io("write pipeline identity"))?;
         Ok(())
     }
 
@@ -345,7 +360,9 @@ impl Store {
                 with_timeout += 1;
                 let indexed = self.tree.contains_key(timer_key(deadline, &key)).map_err(io("read timer"))?;
                 if !indexed {
-                    return Err(StoreError::Corrupt(format!("key {key:?} has a timeout at {deadline} missing from the index")));
+                    return Err(StoreError::Corrupt(format!(
+                        "key {key:?} has a timeout at {deadline} missing from the index"
+                    )));
                 }
             }
         }

@@ -58,7 +58,7 @@ struct Sensor {
 }
 
 /// Chance per event that an `ok` sensor starts an error burst.
-const BURST_START: f64 = 0.012;
+const BURST_START: f64 = 0.026;
 /// Chance per event that a burst ends.
 const BURST_END: f64 = 0.3;
 /// Chance that an event inside a burst is an error.
@@ -70,9 +70,8 @@ const SILENCE: f64 = 0.002;
 pub fn generate_sensor(spec: SensorSpec, out: &mut impl Write) -> io::Result<u64> {
     let mut rng = Rng::new(spec.seed);
     let sensors = spec.sensors.max(1);
-    let mut state: Vec<Sensor> = (0..sensors)
-        .map(|_| Sensor { mean_interval_ms: rng.range(2_000, 30_000), in_burst: false })
-        .collect();
+    let mut state: Vec<Sensor> =
+        (0..sensors).map(|_| Sensor { mean_interval_ms: rng.range(2_000, 30_000), in_burst: false }).collect();
     // (next report time, sensor): the heap yields events in ts order, ties by sensor.
     let mut heap: BinaryHeap<Reverse<(i64, u32)>> =
         (0..sensors).map(|i| Reverse((START_MS + rng.range(0, 30_000), i))).collect();

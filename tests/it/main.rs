@@ -1,1 +1,4 @@
-fn main(){}
+//! The end-to-end test binary (one binary, modules per area).
+
+mod cli;
+mod sensor;

@@ -175,7 +175,9 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
     let mut config = match &args.config {
         Some(path) => PipelineConfig::from_toml_file(path)?,
         None => {
-            let need = |v: &Option<PathBuf>, flag: &str| v.clone().with_context(|| format!("{flag} is required (or give --config FILE)"));
+            let need = |v: &Option<PathBuf>, flag: &str| {
+                v.clone().with_context(|| format!("{flag} is required (or give --config FILE)"))
+            };
             PipelineConfig::new(
                 need(&args.plugin, "--plugin")?,
                 Stream::from(need(&args.input, "--input")?),
@@ -311,7 +313,13 @@ fn gen_sensor(spec: SensorSpec, output: &PathBuf) -> Result<()> {
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
     generate_sensor(spec, &mut out)?;
     out.flush()?;
-    eprintln!("groupstate: wrote {} events from {} sensors (seed {}) to {}", spec.events, spec.sensors, spec.seed, output.display());
+    eprintln!(
+        "groupstate: wrote {} events from {} sensors (seed {}) to {}",
+        spec.events,
+        spec.sensors,
+        spec.seed,
+        output.display()
+    );
     Ok(())
 }
 

@@ -123,11 +123,19 @@ impl state::HostGroupState for HostState {
         Ok(self.handle(&h)?.has_timed_out)
     }
 
-    fn set_timeout_duration(&mut self, h: Resource<GroupStateHandle>, duration_ms: i64) -> wasmtime::Result<Result<(), StateError>> {
+    fn set_timeout_duration(
+        &mut self,
+        h: Resource<GroupStateHandle>,
+        duration_ms: i64,
+    ) -> wasmtime::Result<Result<(), StateError>> {
         Ok(self.handle(&h)?.set_duration(duration_ms))
     }
 
-    fn set_timeout_timestamp(&mut self, h: Resource<GroupStateHandle>, timestamp_ms: i64) -> wasmtime::Result<Result<(), StateError>> {
+    fn set_timeout_timestamp(
+        &mut self,
+        h: Resource<GroupStateHandle>,
+        timestamp_ms: i64,
+    ) -> wasmtime::Result<Result<(), StateError>> {
         Ok(self.handle(&h)?.set_timestamp(timestamp_ms))
     }
 

@@ -33,8 +33,8 @@ mod bindings {
 }
 
 use bindings::groupstate::plugin::types::TimeoutKind as WitTimeoutKind;
-use bindings::{StateFunction, StateFunctionPre};
 pub use bindings::{Event, PluginInfo};
+use bindings::{StateFunction, StateFunctionPre};
 
 /// How often the epoch ticks; the CPU limit of a call is counted in these ticks.
 const EPOCH_TICK_MS: u64 = 5;
@@ -93,7 +93,9 @@ pub enum PluginError {
         message: String,
     },
     /// The component imports what the sandbox does not provide.
-    #[error("plugin {path}: imports that the sandbox does not provide: {imports}; a plugin may import only groupstate:plugin/* and the virtual WASI interfaces listed in the README")]
+    #[error(
+        "plugin {path}: imports that the sandbox does not provide: {imports}; a plugin may import only groupstate:plugin/* and the virtual WASI interfaces listed in the README"
+    )]
     ForbiddenImports {
         /// The plugin path.
         path: PathBuf,
@@ -239,8 +241,10 @@ impl Runtime {
             .linker
             .instantiate_pre(&component)
             .map_err(|e| PluginError::Instantiate { path: path.to_owned(), message: format!("{e:#}") })?;
-        let pre = StateFunctionPre::new(pre)
-            .map_err(|e| PluginError::Instantiate { path: path.to_owned(), message: format!("does not export the state-function world: {e:#}") })?;
+        let pre = StateFunctionPre::new(pre).map_err(|e| PluginError::Instantiate {
+            path: path.to_owned(),
+            message: format!("does not export the state-function world: {e:#}"),
+        })?;
         let mut plugin = Plugin {
             path: path.to_owned(),
             sha256: cache::sha256_hex(&bytes),
@@ -281,10 +285,8 @@ impl Runtime {
     }
 
     fn compile(&self, path: &Path, bytes: &[u8]) -> Result<Component, PluginError> {
-        if let Some(cache) = &self.cache {
-            if let Some(component) = cache.get(&self.engine, bytes) {
-                return Ok(component);
-            }
+        if let Some(component) = self.cache.as_ref().and_then(|c| c.get(&self.engine, bytes)) {
+            return Ok(component);
         }
         let component = Component::new(&self.engine, bytes)
             .map_err(|e| PluginError::Compile { path: path.to_owned(), message: format!("{e:#}") })?;
@@ -299,11 +301,8 @@ impl Runtime {
 
     fn check_imports(&self, path: &Path, component: &Component) -> Result<(), PluginError> {
         let ty = component.component_type();
-        let forbidden: Vec<String> = ty
-            .imports(&self.engine)
-            .map(|(name, _)| name.to_owned())
-            .filter(|name| !import_allowed(name))
-            .collect();
+        let forbidden: Vec<String> =
+            ty.imports(&self.engine).map(|(name, _)| name.to_owned()).filter(|name| !import_allowed(name)).collect();
         if forbidden.is_empty() {
             Ok(())
         } else {
@@ -312,9 +311,12 @@ impl Runtime {
     }
 }
 
+/// Types the `state-function` world itself imports (its `use state.{group-state}`).
+const WORLD_TYPES: &[&str] = &["group-state"];
+
 fn import_allowed(name: &str) -> bool {
     let unversioned = name.split('@').next().unwrap_or(name);
-    unversioned.starts_with("groupstate:plugin/") || ALLOWED_WASI.contains(&unversioned)
+    unversioned.starts_with("groupstate:plugin/") || ALLOWED_WASI.contains(&unversioned) || WORLD_TYPES.contains(&name)
 }
 
 fn check_header(path: &Path, bytes: &[u8]) -> Result<(), PluginError> {
@@ -448,13 +450,12 @@ impl Plugin {
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(self.epoch_ticks());
-        let bindings = self.pre.instantiate(&mut store).map_err(|e| format!("instantiate failed: {}", trap_message(&e)))?;
+        let bindings =
+            self.pre.instantiate(&mut store).map_err(|e| format!("instantiate failed: {}", trap_message(&e)))?;
         store.set_epoch_deadline(self.epoch_ticks());
         let info = bindings.call_info(&mut store).map_err(|e| format!("info() trapped: {}", trap_message(&e)))?;
         store.set_epoch_deadline(self.epoch_ticks());
-        bindings
-            .call_init(&mut store, &self.params)
-            .map_err(|e| format!("init() trapped: {}", trap_message(&e)))??;
+        bindings.call_init(&mut store, &self.params).map_err(|e| format!("init() trapped: {}", trap_message(&e)))??;
         Ok(Live { store, bindings, env, info })
     }
 
@@ -468,7 +469,10 @@ impl Plugin {
         if self.live.is_none() {
             let live = self.instantiate().map_err(CallError::Reinstantiate)?;
             if live.info != self.info {
-                return Err(CallError::Reinstantiate(format!("info() changed from {:?} to {:?}", self.info, live.info)));
+                return Err(CallError::Reinstantiate(format!(
+                    "info() changed from {:?} to {:?}",
+                    self.info, live.info
+                )));
             }
             self.live = Some(live);
         }
@@ -522,7 +526,9 @@ impl Plugin {
                 v.len(),
                 self.limits.state_bytes_max
             ))),
-            Ok(Err(message)) => Err(CallError::Returned(format!("migrate-state from schema {from_version}: {message}"))),
+            Ok(Err(message)) => {
+                Err(CallError::Returned(format!("migrate-state from schema {from_version}: {message}")))
+            }
             Err(e) => {
                 self.live = None;
                 Err(CallError::Trap(trap_message(&e)))
@@ -548,7 +554,9 @@ fn check_outputs(outputs: &[String], limits: &Limits) -> Result<(), CallError> {
             )));
         }
         if out.contains('\n') {
-            return Err(CallError::BadResult(format!("output {i} contains a newline; emit compact JSON, one value per output")));
+            return Err(CallError::BadResult(format!(
+                "output {i} contains a newline; emit compact JSON, one value per output"
+            )));
         }
         if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(out) {
             return Err(CallError::BadResult(format!("output {i} is not JSON ({e}): {:.80}", out)));
@@ -587,5 +595,7 @@ mod tests {
         assert!(import_allowed("groupstate:plugin/state@0.1.0"));
         assert!(!import_allowed("wasi:sockets/tcp@0.2.6"));
         assert!(!import_allowed("wasi:http/outgoing-handler@0.2.0"));
+        assert!(import_allowed("group-state"));
+        assert!(!import_allowed("other-thing"));
     }
 }

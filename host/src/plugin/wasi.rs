@@ -124,6 +124,6 @@ mod tests {
         assert_eq!(a, (rng.next_u64(), rng.next_u64()));
         env.prepare_call(5, 2, "k");
         assert_ne!(a.0, rng.next_u64());
-        assert_eq!(VirtualClock(env).now(), Duration::from_millis(5));
+        assert_eq!(HostWallClock::now(&VirtualClock(env)), Duration::from_millis(5));
     }
 }

@@ -1,0 +1,104 @@
+//! Typed keys: how the host's key string becomes the plugin's [`StateFunction::Key`](crate::StateFunction::Key).
+
+use std::fmt;
+
+/// A type a key can be built from. The host hands every key over as a string; a key
+/// that does not convert makes `process` return an error for that key (and the
+/// pipeline's error policy decides what happens).
+///
+/// Implemented for `String` (no copy) and for the integer types (decimal text). Implement
+/// it for your own key type to parse composite keys.
+///
+/// ```
+/// use groupstate_sdk::{FromKey, KeyError};
+///
+/// assert_eq!(u64::from_key("42".to_string()), Ok(42));
+/// assert!(u8::from_key("300".to_string()).is_err());
+///
+/// struct Region(String);
+/// impl FromKey for Region {
+///     fn from_key(key: String) -> Result<Self, KeyError> {
+///         match key.strip_prefix("region-") {
+///             Some(name) => Ok(Region(name.to_string())),
+///             None => Err(KeyError::new(&key, "a region key starting with `region-`")),
+///         }
+///     }
+/// }
+/// assert!(Region::from_key("eu".to_string()).is_err());
+/// ```
+pub trait FromKey: Sized {
+    /// Builds the key, or says why `key` is not one.
+    fn from_key(key: String) -> Result<Self, KeyError>;
+}
+
+impl FromKey for String {
+    fn from_key(key: String) -> Result<Self, KeyError> {
+        Ok(key)
+    }
+}
+
+macro_rules! from_key_by_parsing {
+    ($($ty:ty),*) => {$(
+        impl FromKey for $ty {
+            fn from_key(key: String) -> Result<Self, KeyError> {
+                key.parse().map_err(|error| {
+                    KeyError::new(&key, format!("a decimal {} ({error})", stringify!($ty)))
+                })
+            }
+        }
+    )*};
+}
+
+from_key_by_parsing!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize);
+
+/// A key string that is not a valid key for the plugin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyError {
+    key: String,
+    expected: String,
+}
+
+impl KeyError {
+    /// `key` is not a valid key; `expected` describes what a key should look like.
+    pub fn new(key: &str, expected: impl Into<String>) -> Self {
+        KeyError { key: key.to_string(), expected: expected.into() }
+    }
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "key `{}` is not {}: check the pipeline's key field", self.key, self.expected)
+    }
+}
+
+impl std::error::Error for KeyError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strings_pass_through() {
+        assert_eq!(String::from_key("s-000123".into()), Ok("s-000123".into()));
+        assert_eq!(String::from_key(String::new()), Ok(String::new()));
+    }
+
+    #[test]
+    fn integers_parse() {
+        assert_eq!(u64::from_key("18446744073709551615".into()), Ok(u64::MAX));
+        assert_eq!(i32::from_key("-17".into()), Ok(-17));
+        assert_eq!(u128::from_key("0".into()), Ok(0));
+    }
+
+    #[test]
+    fn bad_integers_explain() {
+        assert_eq!(
+            u8::from_key("256".into()).expect_err("too big").to_string(),
+            "key `256` is not a decimal u8 (number too large to fit in target type): \
+             check the pipeline's key field"
+        );
+        assert!(u32::from_key("-1".into()).is_err());
+        assert!(i64::from_key(" 1".into()).is_err());
+        assert!(i64::from_key(String::new()).is_err());
+    }
+}

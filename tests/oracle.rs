@@ -1,0 +1,52 @@
+//! Independent oracles: the workload's logic written plainly, without the host, the
+//! SDK or the plugin.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+
+/// Per-sensor state of the sensor-alerts logic.
+#[derive(Default)]
+struct Sensor {
+    consecutive_errors: u32,
+    first_error_ts: i64,
+    last_ts: Option<i64>,
+}
+
+/// The alerts (sensor, ts, first_ts) of WORKLOAD.md over the input file.
+pub fn sensor_alerts(input: &Path) -> BTreeSet<(String, i64, i64)> {
+    let text = std::fs::read_to_string(input).expect("read input");
+    let mut events: Vec<(String, i64, bool)> = text
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("input line is JSON");
+            (
+                v["sensor_id"].as_str().expect("sensor_id").to_owned(),
+                v["ts"].as_i64().expect("ts"),
+                v["status"] == "err",
+            )
+        })
+        .collect();
+    // Per sensor in ts order; a stable sort keeps arrival order for equal times.
+    events.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut sensors: HashMap<&str, Sensor> = HashMap::new();
+    let mut alerts = BTreeSet::new();
+    for (id, ts, err) in &events {
+        let s = sensors.entry(id.as_str()).or_default();
+        if s.last_ts.is_some_and(|last| ts - last > 600_000) {
+            *s = Sensor::default();
+        }
+        s.last_ts = Some(*ts);
+        if *err {
+            s.consecutive_errors += 1;
+            if s.consecutive_errors == 1 {
+                s.first_error_ts = *ts;
+            }
+            if s.consecutive_errors == 3 && ts - s.first_error_ts <= 60_000 {
+                alerts.insert((id.clone(), *ts, s.first_error_ts));
+            }
+        } else {
+            s.consecutive_errors = 0;
+        }
+    }
+    alerts
+}
