@@ -12,7 +12,8 @@ echo "== clippy"
 cargo clippy --release --workspace --all-targets -- -D warnings
 echo "== build (the end-to-end tests call the release binary)"
 cargo build --release --workspace
-echo "== guest-sdk unit tests (native)"
+echo "== guest-sdk and plugin unit tests (native)"
 CARGO_TARGET_DIR=target/guest-native cargo test --manifest-path guest-sdk/Cargo.toml
+CARGO_TARGET_DIR=target/guest-native cargo test --manifest-path plugins/Cargo.toml --workspace
 echo "== host unit tests and end-to-end tests"
 cargo test --release --workspace
