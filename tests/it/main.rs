@@ -1,4 +1,5 @@
 //! The end-to-end test binary (one binary, modules per area).
 
 mod cli;
+mod scenarios;
 mod sensor;
