@@ -16,4 +16,6 @@ echo "== guest-sdk and plugin unit tests (native)"
 CARGO_TARGET_DIR=target/guest-native cargo test --manifest-path guest-sdk/Cargo.toml
 CARGO_TARGET_DIR=target/guest-native cargo test --manifest-path plugins/Cargo.toml --workspace
 echo "== host unit tests and end-to-end tests"
-cargo test --release --workspace
+cargo test --release --workspace -- --skip crash::
+echo "== crash test (kill -9 at random moments; prints its seed and kill count)"
+cargo test --release -p groupstate-tests -- crash:: --nocapture

@@ -459,3 +459,119 @@ mod tests {
         assert_eq!(store.pending_plan().unwrap(), None);
     }
 }
+
+/// A model-based test: random operations against the store and against a plain
+/// in-memory model, including reboots that lose what was not committed.
+#[cfg(test)]
+mod model {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::workload::Rng;
+
+    /// The model: committed records, and the batch being built.
+    #[derive(Default)]
+    struct Model {
+        committed: BTreeMap<String, KeyRecord>,
+        pending: BTreeMap<String, Option<KeyRecord>>,
+        checkpoint: Checkpoint,
+    }
+
+    impl Model {
+        fn current(&self, key: &str) -> Option<KeyRecord> {
+            match self.pending.get(key) {
+                Some(r) => r.clone(),
+                None => self.committed.get(key).cloned(),
+            }
+        }
+    }
+
+    fn random_record(rng: &mut Rng, before: Option<&KeyRecord>) -> Option<KeyRecord> {
+        let value = match rng.range(0, 4) {
+            0 => None,
+            1 => before.and_then(|r| r.value.clone()),
+            _ => Some(rng.next_u64().to_le_bytes()[..rng.range(0, 9) as usize].to_vec()),
+        };
+        let timeout_ms = match rng.range(0, 3) {
+            0 => None,
+            1 => before.and_then(|r| r.timeout_ms),
+            _ => Some(rng.range(-50, 1000)),
+        };
+        let r = KeyRecord { value, timeout_ms, schema_version: 1 };
+        (!r.is_empty()).then_some(r)
+    }
+
+    #[test]
+    fn random_operations_with_reboots_match_the_model() {
+        for seed in 0..8u64 {
+            let dir = tempfile::tempdir().unwrap();
+            let mut rng = Rng::new(seed);
+            let mut store = Store::open(dir.path(), 1 << 20).unwrap();
+            let mut model = Model::default();
+            let keys: Vec<String> = (0..40).map(|i| format!("key-{i}")).collect();
+            for step in 0..1500 {
+                let context = format!("seed {seed} step {step}");
+                match rng.range(0, 100) {
+                    // Change a key (update, remove, set or clear its timer).
+                    0..=59 => {
+                        let key = &keys[rng.range(0, keys.len() as i64) as usize];
+                        let after = random_record(&mut rng, model.current(key).as_ref());
+                        model.pending.insert(key.clone(), after);
+                    }
+                    // Commit the batch.
+                    60..=79 => {
+                        let changes: Vec<KeyChange> = model
+                            .pending
+                            .iter()
+                            .map(|(k, after)| KeyChange {
+                                key: k.clone(),
+                                before: model.committed.get(k).cloned(),
+                                after: after.clone(),
+                            })
+                            .collect();
+                        model.checkpoint.next_batch_id += 1;
+                        model.checkpoint.input_offset += rng.range(0, 100) as u64;
+                        store.commit(&changes, &model.checkpoint, rng.range(0, 2) == 0).unwrap();
+                        for (k, after) in std::mem::take(&mut model.pending) {
+                            match after {
+                                Some(r) => model.committed.insert(k, r),
+                                None => model.committed.remove(&k),
+                            };
+                        }
+                    }
+                    // Fire: the expired timers must be exactly the model's, in order.
+                    80..=91 => {
+                        let threshold = rng.range(-60, 1100);
+                        let limit = rng.range(1, 50) as usize;
+                        let mut want: Vec<(i64, String)> = model
+                            .committed
+                            .iter()
+                            .filter_map(|(k, r)| r.timeout_ms.filter(|d| *d < threshold).map(|d| (d, k.clone())))
+                            .collect();
+                        want.sort();
+                        want.truncate(limit);
+                        assert_eq!(store.expired_timers(threshold, limit).unwrap(), want, "{context}");
+                    }
+                    // Reboot: the uncommitted batch is lost, the rest survives.
+                    _ => {
+                        drop(store);
+                        store = Store::open(dir.path(), 1 << 20).unwrap();
+                        model.pending.clear();
+                        let cp = store.checkpoint().unwrap().unwrap_or_default();
+                        assert_eq!(cp, model.checkpoint, "{context}");
+                        store.check_consistency().unwrap();
+                    }
+                }
+                if step % 100 == 0 {
+                    for key in &keys {
+                        assert_eq!(store.get(key).unwrap(), model.committed.get(key).cloned(), "{context} key {key}");
+                    }
+                }
+            }
+            store.check_consistency().unwrap();
+            let stored: Vec<(String, KeyRecord)> = store.iter_keys().map(Result::unwrap).collect();
+            let want: Vec<(String, KeyRecord)> = model.committed.into_iter().collect();
+            assert_eq!(stored, want, "seed {seed}");
+        }
+    }
+}

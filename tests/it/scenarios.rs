@@ -14,6 +14,12 @@ use serde::Deserialize;
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Case {
+    /// The plugin: `probe` (default) or `inactivity-alert`.
+    #[serde(default)]
+    plugin: Option<String>,
+    /// The key field (default `k`).
+    #[serde(default)]
+    key_field: Option<String>,
     timeout: TimeoutKind,
     #[serde(default)]
     time_field: Option<String>,
@@ -51,12 +57,17 @@ fn check(path: &Path) -> Result<(), String> {
     let input = dir.path().join("in.jsonl");
     let output = dir.path().join("out.jsonl");
     std::fs::write(&input, "").map_err(|e| e.to_string())?;
+    let plugin = match case.plugin.as_deref().unwrap_or("probe") {
+        "probe" => plugins::PROBE,
+        "inactivity-alert" => plugins::INACTIVITY_ALERT,
+        other => return Err(format!("unknown plugin {other:?}")),
+    };
     let mut config = PipelineConfig::new(
-        PathBuf::from(plugins::PROBE),
+        PathBuf::from(plugin),
         Stream::File(input.clone()),
         Stream::File(output.clone()),
         dir.path().join("state"),
-        "k".into(),
+        case.key_field.clone().unwrap_or_else(|| "k".into()),
     );
     config.timeout = case.timeout;
     config.time_field = case.time_field.clone();
@@ -79,6 +90,10 @@ fn check(path: &Path) -> Result<(), String> {
         let mut file = std::fs::OpenOptions::new().append(true).open(&input).map_err(|e| e.to_string())?;
         std::io::Write::write_all(&mut file, appended.as_bytes()).map_err(|e| e.to_string())?;
         let clock = ManualClock::new(step.clock_ms);
+        if config.follow && step.batches.is_none() {
+            // A followed file never ends: only a batch count stops the run.
+            return Err(at("a step of a follow case needs `batches`".into()));
+        }
         let mut step_config = config.clone();
         step_config.batches_max = step.batches;
         let mut pipeline = Pipeline::open(step_config, Arc::new(clock.clone())).map_err(|e| at(e.to_string()))?;

@@ -1,0 +1,119 @@
+//! Crash testing: `groupstate run` as a child process, killed with SIGKILL at random
+//! moments and restarted on the same state dir, must end with exactly the output of an
+//! uninterrupted run: no line missing, none doubled. Set GROUPSTATE_CRASH_SEED to replay
+//! a failure with the seed it printed.
+
+use std::hash::{BuildHasher, Hasher};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use groupstate::Clock;
+use groupstate::store::Store;
+use groupstate::workload::Rng;
+use groupstate_tests::{assert_same_alerts, cache_dir, oracle, parse_alerts, plugins, sensor_input};
+
+use crate::cli::groupstate_bin;
+
+/// Kills before the run is allowed to finish.
+const KILLS: u32 = 25;
+
+fn run_args(input: &Path, dir: &Path) -> Vec<String> {
+    let p = |name: &str| dir.join(name).display().to_string();
+    [
+        "run",
+        "--plugin",
+        plugins::SENSOR_ALERTS,
+        "--input",
+        &input.display().to_string(),
+        "--output",
+        &p("out.jsonl"),
+        "--state-dir",
+        &p("state"),
+        "--key-field",
+        "sensor_id",
+        "--time-field",
+        "ts",
+        "--timeout",
+        "event-time",
+        "--batch-events",
+        "5000",
+        "--cache-dir",
+        &cache_dir().display().to_string(),
+        "--quiet",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
+}
+
+fn seed() -> u64 {
+    match std::env::var("GROUPSTATE_CRASH_SEED") {
+        Ok(s) => s.parse().expect("GROUPSTATE_CRASH_SEED is a number"),
+        Err(_) => std::collections::hash_map::RandomState::new().build_hasher().finish(),
+    }
+}
+
+#[test]
+fn kill_9_at_random_moments_loses_and_doubles_nothing() {
+    let seed = seed();
+    println!("crash test seed {seed} (GROUPSTATE_CRASH_SEED={seed} replays it)");
+    let mut rng = Rng::new(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let input = sensor_input(dir.path(), 500_000, 5_000, seed % 1000);
+    let clock = groupstate::SystemClock;
+
+    // The uninterrupted reference run, timed to scale the kill delays.
+    let reference = dir.path().join("reference");
+    let started = clock.monotonic_ns();
+    let status = Command::new(groupstate_bin()).args(run_args(&input, &reference)).status().unwrap();
+    assert!(status.success(), "reference run failed");
+    let reference_ms = (clock.monotonic_ns() - started) / 1_000_000;
+
+    let crashed = dir.path().join("crashed");
+    let mut kills = 0u32;
+    let mut restarts = 0u32;
+    loop {
+        restarts += 1;
+        assert!(restarts < KILLS + 100, "the run never finished");
+        let mut child = Command::new(groupstate_bin())
+            .args(run_args(&input, &crashed))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        if kills < KILLS {
+            // Short enough that the run cannot finish within the kills, long enough that
+            // most kills land after the plugin is loaded, inside batches.
+            let delay_ms = rng.range(5, (reference_ms / 60 + 60) as i64) as u64;
+            std::thread::sleep(Duration::from_millis(delay_ms));
+            if child.try_wait().unwrap().is_none() {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                kills += 1;
+                // The state dir must open and be consistent after every kill.
+                let store = Store::open(&crashed.join("state").join("store"), 1 << 20)
+                    .unwrap_or_else(|e| panic!("seed {seed}: state dir unopenable after kill {kills}: {e}"));
+                store.check_consistency().unwrap_or_else(|e| panic!("seed {seed}: after kill {kills}: {e}"));
+                continue;
+            }
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "seed {seed}: restart failed: {}", String::from_utf8_lossy(&out.stderr));
+        break;
+    }
+    println!("crash test: {kills} kills, {restarts} runs, reference run {reference_ms} ms");
+    assert!(kills >= 20, "seed {seed}: only {kills} kills landed");
+
+    for name in ["out.jsonl", "state/late.jsonl", "state/dead-letter.jsonl"] {
+        let want = std::fs::read(reference.join(name)).unwrap();
+        let got = std::fs::read(crashed.join(name)).unwrap();
+        assert!(
+            got == want,
+            "seed {seed}: {name} differs from the uninterrupted run ({} vs {} bytes)",
+            got.len(),
+            want.len()
+        );
+    }
+    assert_same_alerts(&parse_alerts(&crashed.join("out.jsonl")), &oracle::sensor_alerts(&input));
+}
