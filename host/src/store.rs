@@ -177,6 +177,11 @@ impl std::fmt::Debug for Store {
     }
 }
 
+/// sled reports a held lock as a custom `Other` error wrapping `WouldBlock`.
+fn is_lock_error(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("could not acquire lock")
+}
+
 fn io(what: &'static str) -> impl FnOnce(sled::Error) -> StoreError {
     move |source| StoreError::Io { what, source }
 }
@@ -231,9 +236,7 @@ impl Store {
         let mut attempts = 0;
         let db = loop {
             match config.open() {
-                Err(sled::Error::Io(e))
-                    if e.kind() == std::io::ErrorKind::WouldBlock && attempts < OPEN_LOCK_RETRIES =>
-                {
+                Err(sled::Error::Io(e)) if is_lock_error(&e) && attempts < OPEN_LOCK_RETRIES => {
                     attempts += 1;
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
