@@ -3,19 +3,25 @@
 # end-to-end tests (which build every plugin to a wasm32-wasip2 component first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 rustup target list --installed | grep -q wasm32-wasip2 || rustup target add wasm32-wasip2
 echo "== fmt"
 cargo fmt --all -- --check
 cargo fmt --manifest-path guest-sdk/Cargo.toml -- --check
 cargo fmt --manifest-path plugins/Cargo.toml --all -- --check
+cargo fmt --manifest-path tests/plugins/Cargo.toml --all -- --check
 echo "== clippy"
 cargo clippy --release --workspace --all-targets -- -D warnings
 echo "== build (the end-to-end tests call the release binary)"
 cargo build --release --workspace
 echo "== guest-sdk and plugin unit tests (native)"
-CARGO_TARGET_DIR=target/guest-native cargo test --manifest-path guest-sdk/Cargo.toml
-CARGO_TARGET_DIR=target/guest-native cargo test --manifest-path plugins/Cargo.toml --workspace
+CARGO_TARGET_DIR=target/guest-native cargo test --manifest-path guest-sdk/Cargo.toml 2>&1 | tee -a "$log"
+CARGO_TARGET_DIR=target/guest-native cargo test --manifest-path plugins/Cargo.toml --workspace 2>&1 | tee -a "$log"
 echo "== host unit tests and end-to-end tests"
-cargo test --release --workspace -- --skip crash::
+cargo test --release --workspace -- --skip crash:: 2>&1 | tee -a "$log"
 echo "== crash test (kill -9 at random moments; prints its seed and kill count)"
-cargo test --release -p groupstate-tests -- crash:: --nocapture
+cargo test --release -p groupstate-tests --test it -- crash:: --nocapture 2>&1 | tee -a "$log"
+# One closing line over every cargo test run above.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"

@@ -1,7 +1,7 @@
 //! Logging to the host's log through the WIT `log` interface: [`write()`] and the [`trace!`] … [`error!`] macros.
 //!
 //! Messages are tagged by the host with the plugin's name and key, and limited in size
-//! per call (`log_bytes_max`); what is over the limit is dropped and counted. In native
+//! per call (`log_bytes_per_call_max`, shared with stdout and stderr); what is over the limit is dropped and counted. In native
 //! tests (not `wasm32`) messages go to standard error instead.
 //!
 //! ```

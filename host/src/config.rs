@@ -117,8 +117,14 @@ pub struct Limits {
     pub outputs_per_call_max: usize,
     /// Size of one output (default 1 MiB).
     pub output_bytes_max: usize,
-    /// Log bytes one call may write; the rest is dropped and counted (default 16 KiB).
+    /// Bytes one call may write to the host's log, through the `log` interface and
+    /// WASI stdout and stderr together; the rest is dropped and counted (default
+    /// 16 KiB).
     pub log_bytes_per_call_max: usize,
+    /// Bytes the host copies out of a plugin in one transfer: a call's result, or the
+    /// arguments of one host-function call, counting 24 bytes of host overhead per list
+    /// item (wasmtime's "hostcall fuel"). Larger transfers trap (default 64 MiB).
+    pub transfer_bytes_max: usize,
     /// Length of one input line; a longer line goes to the dead-letter output
     /// (default 1 MiB).
     pub line_bytes_max: usize,
@@ -138,6 +144,7 @@ impl Default for Limits {
             outputs_per_call_max: 10_000,
             output_bytes_max: 1 << 20,
             log_bytes_per_call_max: 16 << 10,
+            transfer_bytes_max: 64 << 20,
             line_bytes_max: 1 << 20,
             timeouts_per_batch_max: 100_000,
             store_cache_bytes: 64 << 20,
@@ -171,7 +178,7 @@ pub struct PipelineConfig {
     /// The watermark trails the largest event time seen by this much (default 0).
     #[serde(default)]
     pub watermark_delay_ms: i64,
-    /// Records per micro-batch at most (default 20 000).
+    /// Records per micro-batch at most (default 100 000).
     #[serde(default = "default_batch_events")]
     pub batch_events_max: usize,
     /// What to do when a plugin call fails.
@@ -208,7 +215,7 @@ pub struct PipelineConfig {
 }
 
 fn default_batch_events() -> usize {
-    20_000
+    100_000
 }
 fn default_trigger_interval() -> u64 {
     1000
@@ -299,7 +306,10 @@ impl PipelineConfig {
         if self.trigger_interval_ms == 0 {
             return Err(ConfigError("--trigger-interval-ms must be at least 1".into()));
         }
-        if self.limits.call_cpu_ms_max == 0 || self.limits.outputs_per_call_max == 0 {
+        if self.limits.call_cpu_ms_max == 0
+            || self.limits.outputs_per_call_max == 0
+            || self.limits.transfer_bytes_max == 0
+        {
             return Err(ConfigError("limits must be greater than zero".into()));
         }
         Ok(())

@@ -4,12 +4,14 @@
 //!
 //! Start at [`pipeline::Pipeline`]; ARCHITECTURE.md has the map.
 
+pub mod admin;
 pub mod clock;
 mod codec;
 pub mod config;
 pub mod decode;
 pub mod pipeline;
 pub mod plugin;
+pub mod reload;
 pub mod sink;
 pub mod source;
 pub mod store;
@@ -17,4 +19,6 @@ pub mod workload;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{ErrorPolicy, Limits, PipelineConfig, Stream, TimeoutKind};
-pub use pipeline::{BatchReport, Error, Pipeline, RunSummary};
+pub use pipeline::{
+    BatchReport, Candidate, Error, Pipeline, PluginStatus, RunSummary, StageTimes, StateFunction, SwapSender,
+};

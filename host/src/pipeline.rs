@@ -4,16 +4,112 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::config::{ErrorPolicy, PipelineConfig, Stream, TimeoutKind};
 use crate::decode::Decoder;
-use crate::plugin::{CallError, CallOutcome, CallRequest, Event, Plugin, PluginError, Runtime, StagedValue};
+use crate::plugin::{
+    CallError, CallOutcome, CallRequest, Event, Plugin, PluginError, PluginInfo, Runtime, StagedValue,
+};
 use crate::sink::{Sink, SinkError};
 use crate::source::{Line, Source, SourceError};
 use crate::store::{BatchPlan, Checkpoint, Counters, KeyChange, KeyRecord, PipelineIdentity, Store, StoreError};
+
+/// What the pipeline calls per key: a loaded wasm [`Plugin`], or — for benchmarks and
+/// tests only, through [`Pipeline::open_with_function`] — a native implementation that
+/// measures what the sandbox costs.
+pub trait StateFunction: Send {
+    /// The function's name, version and state-schema version.
+    fn info(&self) -> &PluginInfo;
+    /// One call for one key; see [`Plugin::call`].
+    fn call(&mut self, kind: TimeoutKind, req: &CallRequest<'_>) -> Result<CallOutcome, CallError>;
+    /// Converts a state value from an older schema version; see [`Plugin::migrate`].
+    fn migrate(&mut self, from_version: u32, value: &[u8]) -> Result<Vec<u8>, CallError>;
+}
+
+impl StateFunction for Plugin {
+    fn info(&self) -> &PluginInfo {
+        Plugin::info(self)
+    }
+    fn call(&mut self, kind: TimeoutKind, req: &CallRequest<'_>) -> Result<CallOutcome, CallError> {
+        Plugin::call(self, kind, req)
+    }
+    fn migrate(&mut self, from_version: u32, value: &[u8]) -> Result<Vec<u8>, CallError> {
+        Plugin::migrate(self, from_version, value)
+    }
+}
+
+/// Where a run spent its time, in nanoseconds of the monotonic clock.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StageTimes {
+    /// Reading input lines (and planning).
+    pub read_ns: u64,
+    /// Decoding lines, late-data checks and grouping by key.
+    pub decode_group_ns: u64,
+    /// Loading key records from the store (and migrating them).
+    pub state_load_ns: u64,
+    /// Plugin calls.
+    pub plugin_ns: u64,
+    /// Writing the sinks and committing the store.
+    pub commit_ns: u64,
+}
+
+/// A new plugin version, compiled, instantiated and initialised off the processing
+/// path, waiting for the next batch boundary.
+pub struct Candidate {
+    /// The loaded plugin.
+    pub plugin: Box<dyn StateFunction>,
+    /// Where it came from (a path, "admin upload", ...), for the logs.
+    pub origin: String,
+}
+
+impl std::fmt::Debug for Candidate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Candidate").field("origin", &self.origin).finish_non_exhaustive()
+    }
+}
+
+/// Stored values a candidate must migrate before it is accepted (when its state schema
+/// differs); the rest are migrated lazily, on first touch.
+const MIGRATION_SAMPLE_KEYS: usize = 64;
+
+/// Candidates queued at most; a full queue refuses new uploads until the pipeline has
+/// taken one.
+const CANDIDATES_MAX: usize = 4;
+
+/// Hands new plugin versions to a running pipeline (from a watcher thread, the admin
+/// endpoint or a test).
+#[derive(Debug, Clone)]
+pub struct SwapSender(mpsc::SyncSender<Candidate>);
+
+impl SwapSender {
+    /// Queues a candidate; it is validated against the state and swapped in at the next
+    /// batch boundary. Fails when the queue is full or the pipeline is gone.
+    pub fn send(&self, candidate: Candidate) -> Result<(), String> {
+        self.0.try_send(candidate).map_err(|e| match e {
+            mpsc::TrySendError::Full(_) => {
+                "too many plugin versions waiting; try again after the next batch".to_owned()
+            }
+            mpsc::TrySendError::Disconnected(_) => "the pipeline has stopped".to_owned(),
+        })
+    }
+}
+
+/// What the pipeline runs now and what happened to the last candidate: shared with the
+/// admin endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PluginStatus {
+    /// The running plugin's name, version and schema.
+    pub running: String,
+    /// The batch from which it runs (0 for the first).
+    pub since_batch: u64,
+    /// The swaps so far: `(batch, from, to)`.
+    pub swaps: Vec<(u64, String, String)>,
+    /// The last refusal or rollback, if any.
+    pub last_refusal: Option<String>,
+}
 
 /// A pipeline failed; the message names the stage.
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +187,8 @@ pub struct RunSummary {
     pub plugin: String,
     /// Wall time of the run in milliseconds (monotonic clock).
     pub elapsed_ms: u64,
+    /// Where the run's time went.
+    pub stages: StageTimes,
 }
 
 /// A running pipeline over one state dir.
@@ -98,7 +196,7 @@ pub struct Pipeline {
     config: PipelineConfig,
     clock: Arc<dyn Clock>,
     store: Store,
-    plugin: Plugin,
+    plugin: Box<dyn StateFunction>,
     decoder: Decoder,
     source: Source,
     output: Sink,
@@ -106,6 +204,14 @@ pub struct Pipeline {
     dead_letter: Sink,
     checkpoint: Checkpoint,
     plugin_label: String,
+    stages: StageTimes,
+    runtime: Option<Arc<Runtime>>,
+    swaps_rx: mpsc::Receiver<Candidate>,
+    swaps_tx: mpsc::SyncSender<Candidate>,
+    /// The plugin replaced by the last swap, kept until the new one has committed a
+    /// batch: a new version that fails its first batch under `fail` is rolled back.
+    probation: Option<(Box<dyn StateFunction>, String)>,
+    status: Arc<Mutex<PluginStatus>>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -132,11 +238,32 @@ impl Pipeline {
     /// committed batch.
     pub fn open(config: PipelineConfig, clock: Arc<dyn Clock>) -> Result<Self, Error> {
         config.validate()?;
+        let runtime = Arc::new(Runtime::new(&config.limits, config.cache_dir.as_deref())?);
+        let plugin = runtime.load(&config.plugin, &config.params)?;
+        let mut pipeline = Self::open_with_function(config, clock, Box::new(plugin))?;
+        pipeline.runtime = Some(runtime);
+        Ok(pipeline)
+    }
+
+    /// The engine that loaded the plugin (none for a native function): new versions
+    /// for hot load are compiled with it.
+    pub fn runtime(&self) -> Option<Arc<Runtime>> {
+        self.runtime.clone()
+    }
+
+    /// Opens the pipeline with a given state function instead of loading
+    /// `config.plugin`. This is the benchmarks' seam for a native function (what the
+    /// sandbox costs); it is not a user feature.
+    #[doc(hidden)]
+    pub fn open_with_function(
+        config: PipelineConfig,
+        clock: Arc<dyn Clock>,
+        plugin: Box<dyn StateFunction>,
+    ) -> Result<Self, Error> {
+        config.validate()?;
         let store = Store::open(&config.state_dir.join("store"), config.limits.store_cache_bytes)?;
         check_identity(&store, &config)?;
         let checkpoint = store.checkpoint()?.unwrap_or_default();
-        let runtime = Runtime::new(&config.limits, config.cache_dir.as_deref())?;
-        let plugin = runtime.load(&config.plugin, &config.params)?;
         let info = plugin.info();
         let plugin_label = format!("{} {} (state schema {})", info.name, info.version, info.state_schema_version);
         let source = match &config.input {
@@ -153,12 +280,123 @@ impl Pipeline {
         let dead_letter =
             Sink::open_file(&side_path(&config, &config.dead_letter, "dead-letter.jsonl"), checkpoint.dead_letter_len)?;
         let decoder = Decoder::new(&config.key_field, config.time_field.as_deref());
-        Ok(Self { config, clock, store, plugin, decoder, source, output, late, dead_letter, checkpoint, plugin_label })
+        let (swaps_tx, swaps_rx) = mpsc::sync_channel(CANDIDATES_MAX);
+        Ok(Self {
+            config,
+            clock,
+            store,
+            plugin,
+            decoder,
+            source,
+            output,
+            late,
+            dead_letter,
+            status: Arc::new(Mutex::new(PluginStatus {
+                running: plugin_label.clone(),
+                since_batch: checkpoint.next_batch_id,
+                ..PluginStatus::default()
+            })),
+            checkpoint,
+            plugin_label,
+            stages: StageTimes::default(),
+            runtime: None,
+            swaps_rx,
+            swaps_tx,
+            probation: None,
+        })
     }
 
     /// The plugin's name, version and schema.
     pub fn plugin_label(&self) -> &str {
         &self.plugin_label
+    }
+
+    /// Where to send new plugin versions (hot load).
+    pub fn swap_sender(&self) -> SwapSender {
+        SwapSender(self.swaps_tx.clone())
+    }
+
+    /// The running plugin and the swap history, shared (the admin endpoint reads it).
+    pub fn plugin_status(&self) -> Arc<Mutex<PluginStatus>> {
+        self.status.clone()
+    }
+
+    fn update_status(&self, f: impl FnOnce(&mut PluginStatus)) {
+        // A poisoned lock only means a reader panicked; the status is still whole.
+        let mut status = self.status.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut status);
+    }
+
+    /// Takes the newest queued candidate, if any, checks that it can read the stored
+    /// state, and makes it the running plugin from the next batch on.
+    fn accept_swap(&mut self) -> Result<(), Error> {
+        let Some(mut candidate) = self.swaps_rx.try_iter().last() else {
+            return Ok(());
+        };
+        let info = candidate.plugin.info().clone();
+        let label = format!("{} {} (state schema {})", info.name, info.version, info.state_schema_version);
+        let batch_id = self.checkpoint.next_batch_id;
+        if let Err(why) = self.check_migration(candidate.plugin.as_mut(), info.state_schema_version) {
+            let message = format!(
+                "plugin {label} from {}: refused: {why}; {} keeps running",
+                candidate.origin, self.plugin_label
+            );
+            eprintln!("groupstate: {message}");
+            self.update_status(|s| s.last_refusal = Some(message));
+            return Ok(());
+        }
+        eprintln!(
+            "groupstate: plugin swapped at batch {batch_id}: {} -> {label} (from {})",
+            self.plugin_label, candidate.origin
+        );
+        let previous = std::mem::replace(&mut self.plugin, candidate.plugin);
+        let previous_label = std::mem::replace(&mut self.plugin_label, label.clone());
+        self.update_status(|s| {
+            s.swaps.push((batch_id, previous_label.clone(), label.clone()));
+            s.running = label;
+            s.since_batch = batch_id;
+        });
+        self.probation = Some((previous, previous_label));
+        Ok(())
+    }
+
+    /// Migrates a sample of the stored values written under another schema version;
+    /// a candidate that cannot read them is refused before it runs.
+    fn check_migration(&mut self, candidate: &mut dyn StateFunction, schema: u32) -> Result<(), String> {
+        let mut checked = 0;
+        for entry in self.store.iter_keys() {
+            let (key, record) = entry.map_err(|e| e.to_string())?;
+            let Some(value) = record.value.filter(|_| record.schema_version != schema) else {
+                continue;
+            };
+            candidate.migrate(record.schema_version, &value).map_err(|e| {
+                format!("cannot read key {key:?} stored under state schema {}: {e}", record.schema_version)
+            })?;
+            checked += 1;
+            if checked == MIGRATION_SAMPLE_KEYS {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts back the plugin that ran before the last swap, after the new one failed its
+    /// first batch; the batch (still planned, not committed) runs again with it.
+    fn roll_back(&mut self, cause: &str, failed: &str) {
+        let Some((previous, previous_label)) = self.probation.take() else {
+            return;
+        };
+        let message = format!("plugin {failed} failed its first batch ({cause}): rolled back to {previous_label}");
+        eprintln!("groupstate: {message}; the batch runs again with it");
+        self.plugin = previous;
+        self.plugin_label = previous_label.clone();
+        let batch_id = self.checkpoint.next_batch_id;
+        self.update_status(|s| {
+            s.swaps.push((batch_id, failed.to_owned(), previous_label.clone()));
+            s.running = previous_label;
+            s.since_batch = batch_id;
+            s.last_refusal = Some(message);
+        });
     }
 
     /// The state store (read-only use: inspection and tests).
@@ -193,18 +431,40 @@ impl Pipeline {
             checkpoint: self.checkpoint.clone(),
             plugin: self.plugin_label.clone(),
             elapsed_ms: (self.clock.monotonic_ns().saturating_sub(started_ns)) / 1_000_000,
+            stages: self.stages,
         })
     }
 
     /// Plans and runs one batch; `None` when there is nothing to do now.
     pub fn next_batch(&mut self) -> Result<Option<BatchReport>, Error> {
+        self.accept_swap()?;
+        match self.plan_and_run() {
+            Err(Error::Call { batch_id, plugin, key, cause })
+                if self.probation.is_some() && self.source.is_seekable() =>
+            {
+                // The failed batch stays planned and uncommitted: it runs again, from
+                // the same input offset, with the plugin that ran before the swap.
+                self.roll_back(&format!("batch {batch_id}: key {key:?}: {cause}"), &plugin);
+                self.source.rewind_to(self.checkpoint.input_offset)?;
+                self.plan_and_run()
+            }
+            other => other,
+        }
+    }
+
+    fn plan_and_run(&mut self) -> Result<Option<BatchReport>, Error> {
         let batch_id = self.checkpoint.next_batch_id;
+        let started = self.clock.monotonic_ns();
         if let Some(plan) = self.store.pending_plan()?
             && plan.batch_id == batch_id
             && plan.start_offset == self.checkpoint.input_offset
         {
             if self.source.is_seekable() {
                 let lines = self.source.read_batch(usize::MAX, Some(plan.end_offset), Duration::ZERO)?;
+                if self.source.offset() != plan.end_offset {
+                    return Err(SourceError::Changed { planned: plan.end_offset, read: self.source.offset() }.into());
+                }
+                self.stages.read_ns += self.since(started);
                 return self.run_plan(&plan, lines, true).map(Some);
             }
             eprintln!(
@@ -226,7 +486,13 @@ impl Pipeline {
             watermark_ms,
         };
         self.store.write_plan(&plan)?;
+        self.stages.read_ns += self.since(started);
         self.run_plan(&plan, lines, false).map(Some)
+    }
+
+    /// Monotonic nanoseconds since `start`.
+    fn since(&self, start: u64) -> u64 {
+        self.clock.monotonic_ns().saturating_sub(start)
     }
 
     /// The watermark of the next batch: the largest event time of committed batches
@@ -254,7 +520,12 @@ impl Pipeline {
 
     fn run_plan(&mut self, plan: &BatchPlan, lines: Vec<Line>, replayed: bool) -> Result<BatchReport, Error> {
         let mut batch = Batch::new(plan, self.checkpoint.counters);
-        let result = self.process(&mut batch, lines).and_then(|()| self.commit(plan, &mut batch));
+        let result = self.process(&mut batch, lines).and_then(|()| {
+            let started = self.clock.monotonic_ns();
+            let committed = self.commit(plan, &mut batch);
+            self.stages.commit_ns += self.since(started);
+            committed
+        });
         if let Err(e) = result {
             // Nothing of the batch is committed: take back what the sinks wrote.
             for sink in [&mut self.output, &mut self.late, &mut self.dead_letter] {
@@ -275,7 +546,9 @@ impl Pipeline {
     }
 
     fn process(&mut self, batch: &mut Batch, lines: Vec<Line>) -> Result<(), Error> {
+        let started = self.clock.monotonic_ns();
         let groups = self.group(batch, lines)?;
+        self.stages.decode_group_ns += self.since(started);
         batch.data_keys = groups.len() as u64;
         for (key, events) in &groups {
             self.call_key(batch, key, events, None)?;
@@ -357,6 +630,7 @@ impl Pipeline {
     /// Loads the key, migrates its state if an older schema wrote it, calls the
     /// plugin and stages the result; `deadline` is set for a timeout call.
     fn call_key(&mut self, batch: &mut Batch, key: &str, events: &[Event], deadline: Option<i64>) -> Result<(), Error> {
+        let started = self.clock.monotonic_ns();
         let before = self.store.get(key)?;
         if let Some(deadline) = deadline {
             let stored = before.as_ref().and_then(|r| r.timeout_ms);
@@ -368,7 +642,10 @@ impl Pipeline {
             }
         }
         let schema = self.plugin.info().state_schema_version;
-        let result = self.migrated_value(before.as_ref(), schema).and_then(|value| {
+        let migrated = self.migrated_value(before.as_ref(), schema);
+        let called = self.clock.monotonic_ns();
+        self.stages.state_load_ns += called.saturating_sub(started);
+        let result = migrated.and_then(|value| {
             let req = CallRequest {
                 batch_id: batch.plan.batch_id,
                 key,
@@ -381,6 +658,7 @@ impl Pipeline {
             let outcome = self.plugin.call(self.config.timeout, &req)?;
             Ok((value, outcome))
         });
+        self.stages.plugin_ns += self.since(called);
         if deadline.is_some() {
             batch.counters.timeout_calls += 1;
         } else {
@@ -489,6 +767,8 @@ impl Pipeline {
         for sink in [&mut self.output, &mut self.late, &mut self.dead_letter] {
             sink.committed();
         }
+        // The new plugin has committed a batch: no rollback from here on.
+        self.probation = None;
         self.checkpoint = next;
         Ok(())
     }

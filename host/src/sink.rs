@@ -16,14 +16,14 @@ const BUFFER_BYTES_MAX: usize = 4 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
     /// Opening, truncating or writing failed.
-    #[error("{what} {path}: {source}")]
+    #[error("{what} {path}: {cause}")]
     Io {
         /// Which sink and operation.
         what: &'static str,
         /// The file.
         path: PathBuf,
         /// The error.
-        source: io::Error,
+        cause: io::Error,
     },
     /// The file is shorter than what was committed to it.
     #[error(
@@ -64,7 +64,7 @@ impl Sink {
     /// Opens a file sink, cutting off anything after `committed_len` (the output of a
     /// batch that did not commit).
     pub fn open_file(path: &Path, committed_len: u64) -> Result<Self, SinkError> {
-        let err = |what| move |source| SinkError::Io { what, path: path.to_owned(), source };
+        let err = |what| move |cause| SinkError::Io { what, path: path.to_owned(), cause };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(err("create directory of"))?;
         }
@@ -99,7 +99,7 @@ impl Sink {
     }
 
     fn io_err(&self, what: &'static str) -> impl FnOnce(io::Error) -> SinkError + '_ {
-        move |source| SinkError::Io { what, path: PathBuf::from(self.describe()), source }
+        move |cause| SinkError::Io { what, path: PathBuf::from(self.describe()), cause }
     }
 
     /// Appends one line (a newline is added) to the current batch.
@@ -148,7 +148,7 @@ impl Sink {
     pub fn abort_batch(&mut self) -> Result<(), SinkError> {
         self.buf.clear();
         if let Target::File { file, path } = &mut self.target {
-            let cut = |source| SinkError::Io { what: "truncate", path: path.clone(), source };
+            let cut = |cause| SinkError::Io { what: "truncate", path: path.clone(), cause };
             file.set_len(self.committed_len).map_err(cut)?;
             file.seek(SeekFrom::Start(self.committed_len)).map_err(cut)?;
             self.written_len = self.committed_len;

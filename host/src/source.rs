@@ -40,20 +40,20 @@ pub enum LineError {
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     /// Opening failed.
-    #[error("input {path}: cannot open ({source}); check the path")]
+    #[error("input {path}: cannot open ({cause}); check the path")]
     Open {
         /// The input path.
         path: PathBuf,
         /// The error.
-        source: io::Error,
+        cause: io::Error,
     },
     /// Reading failed.
-    #[error("input: read failed at offset {offset}: {source}")]
+    #[error("input: read failed at offset {offset}: {cause}")]
     Read {
         /// Where.
         offset: u64,
         /// The error.
-        source: io::Error,
+        cause: io::Error,
     },
     /// The input is shorter than the committed position: it was replaced or truncated.
     #[error(
@@ -66,6 +66,16 @@ pub enum SourceError {
         len: u64,
         /// The committed offset.
         committed: u64,
+    },
+    /// A planned batch could not be read again as planned.
+    #[error(
+        "input changed under a planned batch: it should end at offset {planned}, reading stopped at {read}; restore the input or use a new --state-dir"
+    )]
+    Changed {
+        /// The planned end offset.
+        planned: u64,
+        /// Where reading stopped.
+        read: u64,
     },
     /// A batch plan cannot be replayed from stdin.
     #[error("cannot re-read a planned batch from stdin")]
@@ -178,13 +188,13 @@ impl Source {
     /// Opens a file positioned at `offset`. With `follow`, a final line without a
     /// newline waits for it.
     pub fn open_file(path: &Path, offset: u64, line_bytes_max: usize, follow: bool) -> Result<Self, SourceError> {
-        let open_err = |source| SourceError::Open { path: path.to_owned(), source };
+        let open_err = |cause| SourceError::Open { path: path.to_owned(), cause };
         let mut file = File::open(path).map_err(open_err)?;
         let len = file.metadata().map_err(open_err)?.len();
         if len < offset {
             return Err(SourceError::Shrunk { path: path.to_owned(), len, committed: offset });
         }
-        file.seek(SeekFrom::Start(offset)).map_err(|source| SourceError::Read { offset, source })?;
+        file.seek(SeekFrom::Start(offset)).map_err(|cause| SourceError::Read { offset, cause })?;
         let reader = LineReader::new(BufReader::with_capacity(1 << 20, file), offset, line_bytes_max, !follow);
         Ok(Self { inner: Inner::File { path: path.to_owned(), reader } })
     }
@@ -217,6 +227,22 @@ impl Source {
         }
     }
 
+    /// Moves a file input back to `offset` (the start of a batch to run again); stdin
+    /// cannot go back.
+    pub fn rewind_to(&mut self, offset: u64) -> Result<(), SourceError> {
+        match &mut self.inner {
+            Inner::File { reader, .. } => {
+                reader.inner.seek(SeekFrom::Start(offset)).map_err(|cause| SourceError::Read { offset, cause })?;
+                reader.offset = offset;
+                reader.buf.clear();
+                reader.consumed = 0;
+                reader.too_long = false;
+                Ok(())
+            }
+            Inner::Stdin { .. } => Err(SourceError::NotSeekable),
+        }
+    }
+
     /// Whether a planned range can be read again (files can, stdin cannot).
     pub fn is_seekable(&self) -> bool {
         matches!(self.inner, Inner::File { .. })
@@ -236,7 +262,7 @@ impl Source {
             Inner::File { reader: r, .. } => {
                 while lines.len() < max && end_offset.is_none_or(|end| r.offset < end) {
                     let offset = r.offset;
-                    match r.next_line().map_err(|source| SourceError::Read { offset, source })? {
+                    match r.next_line().map_err(|cause| SourceError::Read { offset, cause })? {
                         Some((line, _)) => lines.push(line),
                         None => break,
                     }
@@ -255,7 +281,7 @@ impl Source {
                             timeout = Duration::ZERO;
                         }
                         Ok(Ok(None)) | Err(mpsc::RecvTimeoutError::Disconnected) => *closed = true,
-                        Ok(Err(source)) => return Err(SourceError::Read { offset: *offset, source }),
+                        Ok(Err(cause)) => return Err(SourceError::Read { offset: *offset, cause }),
                         Err(mpsc::RecvTimeoutError::Timeout) => break,
                     }
                 }

@@ -36,21 +36,21 @@ pub const KEY_BYTES_MAX: usize = 4096;
 pub enum StoreError {
     /// sled could not open the directory.
     #[error(
-        "state dir {path}: cannot open ({source}); check the path and its permissions, and that no other groupstate process uses it"
+        "state dir {path}: cannot open ({cause}); check the path and its permissions, and that no other groupstate process uses it"
     )]
     Open {
         /// The state dir.
         path: PathBuf,
         /// sled's error.
-        source: sled::Error,
+        cause: sled::Error,
     },
     /// A read or write failed.
-    #[error("state store: {what} failed: {source}")]
+    #[error("state store: {what} failed: {cause}")]
     Io {
         /// What was being done.
         what: &'static str,
         /// sled's error.
-        source: sled::Error,
+        cause: sled::Error,
     },
     /// A stored record is corrupt.
     #[error(transparent)]
@@ -183,7 +183,7 @@ fn is_lock_error(e: &std::io::Error) -> bool {
 }
 
 fn io(what: &'static str) -> impl FnOnce(sled::Error) -> StoreError {
-    move |source| StoreError::Io { what, source }
+    move |cause| StoreError::Io { what, cause }
 }
 
 fn state_key(key: &str) -> Vec<u8> {
@@ -223,7 +223,7 @@ fn parse_timer_key(raw: &[u8]) -> Result<(i64, String)> {
 impl Store {
     /// Opens (or creates) the store in `dir`. `cache_bytes` bounds sled's page cache.
     pub fn open(dir: &Path, cache_bytes: u64) -> Result<Self> {
-        let open_err = |source| StoreError::Open { path: dir.to_owned(), source };
+        let open_err = |cause| StoreError::Open { path: dir.to_owned(), cause };
         let config = sled::Config::new()
             .path(dir)
             .cache_capacity(cache_bytes)

@@ -1,6 +1,12 @@
 //! The end-to-end test binary (one binary, modules per area).
 
+// Test code: a failed unwrap is a failed test, with its message.
+#![allow(clippy::unwrap_used)]
+
 mod cli;
 mod crash;
+mod hotload;
+mod languages;
+mod sandbox;
 mod scenarios;
 mod sensor;

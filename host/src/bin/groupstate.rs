@@ -12,6 +12,11 @@ use groupstate::store::Store;
 use groupstate::workload::{SensorSpec, generate_sensor};
 use groupstate::{Clock, Pipeline, SystemClock};
 
+/// glibc's malloc slows down badly once sled has churned through millions of small
+/// allocations (batch time grew with the number of idle keys); mimalloc stays flat.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Per-key state machines over a stream, as sandboxed WebAssembly components.
 #[derive(Parser)]
 #[command(name = "groupstate", version, about)]
@@ -86,7 +91,7 @@ struct RunArgs {
     /// The watermark trails the largest event time seen by this much.
     #[arg(long)]
     watermark_delay_ms: Option<i64>,
-    /// Records per micro-batch at most [default: 20000].
+    /// Records per micro-batch at most [default: 100000].
     #[arg(long)]
     batch_events: Option<usize>,
     /// On a failed plugin call: fail, skip or dead-letter [default: fail].
@@ -129,6 +134,17 @@ struct RunArgs {
     /// State value size per key, bytes [default: 1048576].
     #[arg(long)]
     state_bytes_max: Option<u64>,
+    /// Reload the plugin when its file changes (checked every trigger interval); the new
+    /// version is validated off the processing path and swapped in at a batch boundary.
+    #[arg(long)]
+    watch: bool,
+    /// Serve the admin endpoint (GET/POST /plugin) on this address, e.g. 127.0.0.1:7070.
+    #[arg(long)]
+    admin: Option<std::net::SocketAddr>,
+    /// Bearer token the admin endpoint requires (needed on a non-loopback address);
+    /// also read from GROUPSTATE_ADMIN_TOKEN.
+    #[arg(long, env = "GROUPSTATE_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
     /// No progress lines.
     #[arg(long, short)]
     quiet: bool,
@@ -255,11 +271,12 @@ fn run(args: RunArgs) -> Result<()> {
     let config = config_from(&args)?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let started = clock.monotonic_ns();
-    let mut pipeline = Pipeline::open(config, clock.clone())?;
+    let mut pipeline = Pipeline::open(config.clone(), clock.clone())?;
     let opened_ms = (clock.monotonic_ns() - started) / 1_000_000;
     if !args.quiet {
         eprintln!("groupstate: plugin {} ready in {opened_ms} ms", pipeline.plugin_label());
     }
+    start_hot_load(&args, &config, &pipeline)?;
     let mut last_report = clock.monotonic_ns();
     let mut records = 0u64;
     let summary = pipeline.run(&mut |b| {
@@ -298,6 +315,56 @@ fn run(args: RunArgs) -> Result<()> {
         summary.checkpoint.input_offset,
         summary.checkpoint.next_batch_id,
     );
+    let status = pipeline.plugin_status();
+    let status = status.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    for (batch, from, to) in &status.swaps {
+        eprintln!("groupstate: plugin swap at batch {batch}: {from} -> {to}");
+    }
+    if !args.quiet {
+        let st = &summary.stages;
+        let ms = |ns: u64| ns / 1_000_000;
+        eprintln!(
+            "groupstate: time: read {} ms, decode+group {} ms, state load {} ms, plugin {} ms, commit {} ms",
+            ms(st.read_ns),
+            ms(st.decode_group_ns),
+            ms(st.state_load_ns),
+            ms(st.plugin_ns),
+            ms(st.commit_ns)
+        );
+    }
+    Ok(())
+}
+
+/// Starts the file watcher and the admin endpoint, as asked.
+fn start_hot_load(args: &RunArgs, config: &PipelineConfig, pipeline: &Pipeline) -> Result<()> {
+    if !args.watch && args.admin.is_none() {
+        return Ok(());
+    }
+    let runtime = pipeline.runtime().context("hot load needs a wasm plugin")?;
+    if args.watch {
+        let bytes = std::fs::read(&config.plugin)?;
+        groupstate::reload::watch(
+            config.plugin.clone(),
+            config.params.clone(),
+            runtime.clone(),
+            pipeline.swap_sender(),
+            groupstate::plugin::sha256_hex(&bytes),
+            config.trigger_interval_ms,
+            Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        )?;
+    }
+    if let Some(addr) = args.admin {
+        let admin = groupstate::admin::Admin {
+            runtime,
+            params: config.params.clone(),
+            upload_dir: config.state_dir.join("plugins"),
+            sender: pipeline.swap_sender(),
+            status: pipeline.plugin_status(),
+            token: args.admin_token.clone(),
+        };
+        let bound = groupstate::admin::serve(addr, admin)?;
+        eprintln!("groupstate: admin endpoint on http://{bound}/plugin");
+    }
     Ok(())
 }
 

@@ -16,7 +16,7 @@ pub(super) struct Cache {
 }
 
 /// The hex sha256 of `bytes`.
-pub(super) fn sha256_hex(bytes: &[u8]) -> String {
+pub fn sha256_hex(bytes: &[u8]) -> String {
     let digest = Sha256::digest(bytes);
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }

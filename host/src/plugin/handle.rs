@@ -1,8 +1,7 @@
-//! The host side of the `group-state` handle and of plugin logging. Everything the
-//! plugin asks for is staged here; the engine applies it only when the call returns
-//! `ok`, so a failed call leaves the key untouched.
-
-use std::path::PathBuf;
+//! The host side of the `group-state` handle and of the `log` interface (whose
+//! messages go to the plugin's log, `output.rs`). Everything the plugin asks of the
+//! handle is staged here; the engine applies it only when the call returns `ok`, so a
+//! failed call leaves the key untouched.
 
 use wasmtime::component::Resource;
 
@@ -25,7 +24,8 @@ pub enum StagedValue {
 /// The host's record behind one `group-state` handle: valid for one call.
 #[derive(Debug)]
 pub struct GroupStateHandle {
-    value: Option<Vec<u8>>,
+    /// The value before the call; `staged` says what the call made of it.
+    before: Option<Vec<u8>>,
     staged: StagedValue,
     timeout_ms: Option<i64>,
     has_timed_out: bool,
@@ -38,7 +38,7 @@ pub struct GroupStateHandle {
 impl GroupStateHandle {
     pub(super) fn new(req: &CallRequest<'_>, kind: TimeoutKind, state_bytes_max: u64) -> Self {
         Self {
-            value: req.state.map(<[u8]>::to_vec),
+            before: req.state.map(<[u8]>::to_vec),
             staged: StagedValue::Unchanged,
             // Spark's rule: the timeout is cleared at every call.
             timeout_ms: None,
@@ -79,11 +79,19 @@ impl GroupStateHandle {
         Ok(())
     }
 
+    /// The value as staged so far in this call.
+    fn value(&self) -> Option<&[u8]> {
+        match &self.staged {
+            StagedValue::Unchanged => self.before.as_deref(),
+            StagedValue::Updated(value) => Some(value),
+            StagedValue::Removed => None,
+        }
+    }
+
     fn update(&mut self, value: Vec<u8>) -> Result<(), StateError> {
         if value.len() as u64 > self.state_bytes_max {
             return Err(StateError::StateTooLarge(self.state_bytes_max));
         }
-        self.value = Some(value.clone());
         self.staged = StagedValue::Updated(value);
         Ok(())
     }
@@ -101,11 +109,13 @@ impl HostState {
 
 impl state::HostGroupState for HostState {
     fn exists(&mut self, h: Resource<GroupStateHandle>) -> wasmtime::Result<bool> {
-        Ok(self.handle(&h)?.value.is_some())
+        Ok(self.handle(&h)?.value().is_some())
     }
 
     fn get(&mut self, h: Resource<GroupStateHandle>) -> wasmtime::Result<Option<Vec<u8>>> {
-        Ok(self.handle(&h)?.value.clone())
+        // A copy per call: a plugin that reads a large value in a loop spends its own
+        // CPU time limit, and the copy is freed as soon as it is handed over.
+        Ok(self.handle(&h)?.value().map(<[u8]>::to_vec))
     }
 
     fn update(&mut self, h: Resource<GroupStateHandle>, value: Vec<u8>) -> wasmtime::Result<Result<(), StateError>> {
@@ -113,9 +123,7 @@ impl state::HostGroupState for HostState {
     }
 
     fn remove(&mut self, h: Resource<GroupStateHandle>) -> wasmtime::Result<()> {
-        let handle = self.handle(&h)?;
-        handle.value = None;
-        handle.staged = StagedValue::Removed;
+        self.handle(&h)?.staged = StagedValue::Removed;
         Ok(())
     }
 
@@ -161,47 +169,8 @@ impl state::HostGroupState for HostState {
 impl state::Host for HostState {}
 impl types::Host for HostState {}
 
-/// The per-call budget of plugin log bytes; what is over it is dropped and counted.
-pub(super) struct LogBudget {
-    max: usize,
-    used: usize,
-    dropped: u64,
-    plugin: PathBuf,
-    key: String,
-}
-
-impl LogBudget {
-    pub(super) fn new(max: usize, plugin: PathBuf) -> Self {
-        Self { max, used: 0, dropped: 0, plugin, key: String::new() }
-    }
-
-    pub(super) fn start_call(&mut self, key: &str) {
-        self.used = 0;
-        self.dropped = 0;
-        key.clone_into(&mut self.key);
-    }
-
-    pub(super) fn end_call(&mut self) {
-        if self.dropped > 0 {
-            eprintln!(
-                "plugin {} key={:?}: {} log messages dropped (log_bytes_per_call_max = {})",
-                self.plugin.display(),
-                self.key,
-                self.dropped,
-                self.max
-            );
-        }
-    }
-}
-
 impl log::Host for HostState {
     fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
-        let budget = &mut self.log;
-        if budget.used + message.len() > budget.max {
-            budget.dropped += 1;
-            return Ok(());
-        }
-        budget.used += message.len();
         let level = match level {
             log::Level::Trace => "trace",
             log::Level::Debug => "debug",
@@ -209,7 +178,7 @@ impl log::Host for HostState {
             log::Level::Warn => "warn",
             log::Level::Error => "error",
         };
-        eprintln!("plugin {} key={:?} {level}: {}", budget.plugin.display(), budget.key, message.escape_debug());
+        self.log.message(level, &message);
         Ok(())
     }
 }

@@ -1,10 +1,11 @@
 //! Plugins: loading a component (cache, validation of its imports), instantiating it
-//! in a sandbox (limits, virtual WASI), and calling its state function with a staged
-//! `group-state` handle. A trap never escapes this module as a panic: it becomes a
-//! [`CallError`], the instance is dropped and the next call makes a fresh one.
+//! in a sandbox (limits, virtual WASI, captured output), and calling its state function
+//! with a staged `group-state` handle. A trap never escapes this module as a panic: it
+//! becomes a [`CallError`], the instance is dropped and the next call makes a fresh one.
 
 mod cache;
 mod handle;
+mod output;
 mod wasi;
 
 use std::path::{Path, PathBuf};
@@ -16,7 +17,9 @@ use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::config::{Limits, TimeoutKind};
+pub use cache::sha256_hex;
 pub use handle::{GroupStateHandle, StagedValue};
+use output::{Activity, PluginLog};
 use wasi::VirtualEnv;
 
 /// The generated bindings of the `state-function` world.
@@ -38,6 +41,18 @@ use bindings::{StateFunction, StateFunctionPre};
 
 /// How often the epoch ticks; the CPU limit of a call is counted in these ticks.
 const EPOCH_TICK_MS: u64 = 5;
+
+/// The most of an error message (a plugin's `err`, a trap) that a [`CallError`] keeps:
+/// it goes to the dead-letter file and into the message of a failed run.
+const ERROR_MESSAGE_BYTES_MAX: usize = 2048;
+
+/// The wasm frames a trap message names.
+const BACKTRACE_FRAMES_MAX: usize = 16;
+
+/// Set to `1`, this environment variable turns the CPU limit off: no epoch interruption
+/// in compiled code, no ticker thread. It exists only to measure what the limit costs
+/// (see the README); never set it where plugins are untrusted.
+pub const BENCH_NO_CPU_LIMIT_ENV: &str = "GROUPSTATE_BENCH_NO_CPU_LIMIT";
 
 /// WASI interfaces a plugin may import. They are all backed by the empty, virtual
 /// context of `wasi.rs`: no files, no network, no environment, virtual time and
@@ -69,12 +84,12 @@ const ALLOWED_WASI: &[&str] = &[
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
     /// The file could not be read.
-    #[error("plugin {path}: cannot read ({source}); check the --plugin path")]
+    #[error("plugin {path}: cannot read ({error}); check the --plugin path")]
     Read {
         /// The plugin path.
         path: PathBuf,
-        /// The error.
-        source: std::io::Error,
+        /// The error (in the message, not a `source`, so that it is not shown twice).
+        error: std::io::Error,
     },
     /// The file is not a component.
     #[error("plugin {path}: {reason}")]
@@ -175,8 +190,9 @@ pub struct CallOutcome {
 pub struct HostState {
     table: ResourceTable,
     wasi: WasiCtx,
+    env: Arc<VirtualEnv>,
     limits: StoreLimits,
-    log: handle::LogBudget,
+    log: PluginLog,
 }
 
 impl WasiView for HostState {
@@ -186,13 +202,15 @@ impl WasiView for HostState {
 }
 
 /// The engine and linker shared by every plugin of a process, and the epoch ticker
-/// that enforces the CPU limit.
+/// that enforces the CPU limit (it runs as long as the runtime or a plugin it loaded
+/// is alive).
 pub struct Runtime {
     engine: Engine,
     linker: Linker<HostState>,
     limits: Limits,
     cache: Option<cache::Cache>,
-    ticker_stop: Arc<AtomicBool>,
+    /// `None` without a CPU limit.
+    ticker: Option<Arc<EpochTicker>>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -201,9 +219,34 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
-impl Drop for Runtime {
+/// The thread that advances the engine's epoch every [`EPOCH_TICK_MS`], stopped when
+/// the last runtime or plugin holding it is dropped.
+struct EpochTicker {
+    stop: Arc<AtomicBool>,
+}
+
+impl EpochTicker {
+    fn start(engine: Engine) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread_stop = stop.clone();
+        // The ticker only counts; the deadline of each call is set in epochs. If the
+        // thread cannot be spawned, calls simply never time out, so report it loudly.
+        let spawned = std::thread::Builder::new().name("groupstate-epoch".into()).spawn(move || {
+            while !thread_stop.load(Ordering::Relaxed) {
+                std::thread::sleep(std::time::Duration::from_millis(EPOCH_TICK_MS));
+                engine.increment_epoch();
+            }
+        });
+        if let Err(e) = spawned {
+            eprintln!("groupstate: warning: no epoch ticker ({e}): the CPU limit per call is not enforced");
+        }
+        Self { stop }
+    }
+}
+
+impl Drop for EpochTicker {
     fn drop(&mut self) {
-        self.ticker_stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::Relaxed);
     }
 }
 
@@ -215,25 +258,30 @@ impl Runtime {
     /// An engine configured with the limits, and the compiled-component cache in
     /// `cache_dir` (none: no cache).
     pub fn new(limits: &Limits, cache_dir: Option<&Path>) -> Result<Self, PluginError> {
+        let cpu_limit = !cpu_limit_disabled_for_benchmark();
         let mut config = Config::new();
         config.wasm_component_model(true);
-        config.epoch_interruption(true);
+        config.epoch_interruption(cpu_limit);
         config.max_wasm_stack(limits.wasm_stack_bytes_max);
         let engine = Engine::new(&config).map_err(engine_err)?;
-        let mut linker = Linker::new(&engine);
+        let mut linker: Linker<HostState> = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(engine_err)?;
+        // Replace wasmtime-wasi's monotonic clock, whose sleeps block the host thread.
+        linker.allow_shadowing(true);
+        wasi::add_virtual_monotonic_clock(&mut linker, |s| wasi::VirtualClockView { env: &s.env, table: &mut s.table })
+            .map_err(engine_err)?;
+        linker.allow_shadowing(false);
         StateFunction::add_to_linker::<_, wasmtime::component::HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(engine_err)?;
-        let ticker_stop = Arc::new(AtomicBool::new(false));
-        spawn_ticker(engine.clone(), ticker_stop.clone());
+        let ticker = cpu_limit.then(|| Arc::new(EpochTicker::start(engine.clone())));
         let cache = cache_dir.map(|dir| cache::Cache::new(dir, &engine));
-        Ok(Self { engine, linker, limits: limits.clone(), cache, ticker_stop })
+        Ok(Self { engine, linker, limits: limits.clone(), cache, ticker })
     }
 
     /// Loads, validates and instantiates the plugin at `path`, then calls its `info`
     /// and `init(params)`.
     pub fn load(&self, path: &Path, params: &[(String, String)]) -> Result<Plugin, PluginError> {
-        let bytes = std::fs::read(path).map_err(|source| PluginError::Read { path: path.to_owned(), source })?;
+        let bytes = std::fs::read(path).map_err(|error| PluginError::Read { path: path.to_owned(), error })?;
         check_header(path, &bytes)?;
         let component = self.compile(path, &bytes)?;
         self.check_imports(path, &component)?;
@@ -252,6 +300,7 @@ impl Runtime {
             pre,
             params: params.to_vec(),
             limits: self.limits.clone(),
+            ticker: self.ticker.clone(),
             engine: self.engine.clone(),
             live: None,
             info: PluginInfo { name: String::new(), version: String::new(), state_schema_version: 0 },
@@ -265,7 +314,7 @@ impl Runtime {
     /// Describes a component without running a pipeline: its imports and exports,
     /// which imports the sandbox refuses, and (if it loads) its `info`.
     pub fn inspect(&self, path: &Path) -> Result<Inspection, PluginError> {
-        let bytes = std::fs::read(path).map_err(|source| PluginError::Read { path: path.to_owned(), source })?;
+        let bytes = std::fs::read(path).map_err(|error| PluginError::Read { path: path.to_owned(), error })?;
         check_header(path, &bytes)?;
         let component = self.compile(path, &bytes)?;
         let ty = component.component_type();
@@ -288,8 +337,15 @@ impl Runtime {
         if let Some(component) = self.cache.as_ref().and_then(|c| c.get(&self.engine, bytes)) {
             return Ok(component);
         }
-        let component = Component::new(&self.engine, bytes)
-            .map_err(|e| PluginError::Compile { path: path.to_owned(), message: format!("{e:#}") })?;
+        let component = Component::new(&self.engine, bytes).map_err(|e| {
+            let message = format!("{e:#}");
+            if message.contains("attempted to parse a wasm module with a component parser") {
+                // A core module in text form: the header check only sees binary ones.
+                PluginError::NotAComponent { path: path.to_owned(), reason: CORE_MODULE.to_owned() }
+            } else {
+                PluginError::Compile { path: path.to_owned(), message }
+            }
+        })?;
         if let Some(cache) = &self.cache {
             // A cache that cannot be written only costs a recompile next time.
             if let Err(e) = cache.put(bytes, &component) {
@@ -319,6 +375,8 @@ fn import_allowed(name: &str) -> bool {
     unversioned.starts_with("groupstate:plugin/") || ALLOWED_WASI.contains(&unversioned) || WORLD_TYPES.contains(&name)
 }
 
+const CORE_MODULE: &str = "is a core WebAssembly module, not a component; build with `--target wasm32-wasip2`, or wrap it with `wasm-tools component new`";
+
 fn check_header(path: &Path, bytes: &[u8]) -> Result<(), PluginError> {
     let reason = if bytes.is_empty() {
         "the file is empty; build the plugin with `cargo build --target wasm32-wasip2`".to_owned()
@@ -330,25 +388,22 @@ fn check_header(path: &Path, bytes: &[u8]) -> Result<(), PluginError> {
     } else if bytes.len() < 8 {
         "truncated WebAssembly header".to_owned()
     } else if bytes[4..8] == [1, 0, 0, 0] {
-        "is a core WebAssembly module, not a component; build with `--target wasm32-wasip2`, or wrap it with `wasm-tools component new`".to_owned()
+        CORE_MODULE.to_owned()
     } else {
         return Ok(());
     };
     Err(PluginError::NotAComponent { path: path.to_owned(), reason })
 }
 
-fn spawn_ticker(engine: Engine, stop: Arc<AtomicBool>) {
-    // The ticker only counts; the deadline of each call is set in epochs. If the
-    // thread cannot be spawned, calls simply never time out, so report it loudly.
-    let spawned = std::thread::Builder::new().name("groupstate-epoch".into()).spawn(move || {
-        while !stop.load(Ordering::Relaxed) {
-            std::thread::sleep(std::time::Duration::from_millis(EPOCH_TICK_MS));
-            engine.increment_epoch();
-        }
-    });
-    if let Err(e) = spawned {
-        eprintln!("groupstate: warning: no epoch ticker ({e}): the CPU limit per call is not enforced");
+/// Whether [`BENCH_NO_CPU_LIMIT_ENV`] asks for no CPU limit: the one place it is read.
+fn cpu_limit_disabled_for_benchmark() -> bool {
+    let disabled = std::env::var_os(BENCH_NO_CPU_LIMIT_ENV).is_some_and(|v| v == "1");
+    if disabled {
+        eprintln!(
+            "groupstate: warning: {BENCH_NO_CPU_LIMIT_ENV}=1: plugin calls have no CPU limit (for benchmarks only; a looping plugin hangs the run)"
+        );
     }
+    disabled
 }
 
 /// What `groupstate plugin` shows about a component.
@@ -387,6 +442,8 @@ pub struct Plugin {
     pre: StateFunctionPre<HostState>,
     params: Vec<(String, String)>,
     limits: Limits,
+    /// Keeps the epoch advancing while the plugin lives (`None`: no CPU limit).
+    ticker: Option<Arc<EpochTicker>>,
     engine: Engine,
     live: Option<Live>,
     info: PluginInfo,
@@ -398,16 +455,63 @@ impl std::fmt::Debug for Plugin {
     }
 }
 
-fn trap_message(e: &wasmtime::Error) -> String {
+/// What went wrong in a call that returned an error from wasmtime, on one line and
+/// at most [`ERROR_MESSAGE_BYTES_MAX`] long: the cause, the limit involved, what the
+/// plugin last wrote to stderr in the call (the panic message of a Rust plugin, for
+/// one) and where in the plugin it happened.
+fn trap_message(e: &wasmtime::Error, limits: &Limits, log: &PluginLog) -> String {
     if let Some(trap) = e.downcast_ref::<wasmtime::Trap>() {
         match trap {
-            wasmtime::Trap::Interrupt => return "CPU time limit (call_cpu_ms_max) exceeded".to_owned(),
-            wasmtime::Trap::StackOverflow => return "wasm stack overflow (wasm_stack_bytes_max)".to_owned(),
+            wasmtime::Trap::Interrupt => {
+                return format!("CPU time limit exceeded (call_cpu_ms_max = {} ms)", limits.call_cpu_ms_max);
+            }
+            wasmtime::Trap::StackOverflow => {
+                return format!("wasm stack overflow (wasm_stack_bytes_max = {})", limits.wasm_stack_bytes_max);
+            }
             _ => {}
         }
     }
-    // The root cause first, then wasmtime's context (it names the wasm frames).
-    format!("{e:#}").replace('\n', " | ")
+    if let Some(exit) = e.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        return format!("the plugin called exit({}); a plugin must return instead", exit.0);
+    }
+    // wasmtime's context chain, outermost first, without the multi-line backtrace,
+    // which is summarized after it.
+    let message = e
+        .chain()
+        .map(|cause| cause.to_string())
+        .filter(|cause| !cause.starts_with("error while executing at wasm backtrace"))
+        .collect::<Vec<_>>()
+        .join(": ")
+        .replace('\n', " | ");
+    let hint = if message.contains("fuel allocated for hostcalls has been exhausted") {
+        format!(" (transfer_bytes_max = {})", limits.transfer_bytes_max)
+    } else if message.contains("forcing trap when growing memory") {
+        format!(" (instance_memory_bytes_max = {})", limits.instance_memory_bytes_max)
+    } else {
+        String::new()
+    };
+    let stderr = log.stderr_tail().map(|tail| format!(" (its stderr ended with: {tail})")).unwrap_or_default();
+    clip_message(&format!("{message}{hint}{stderr}{}", backtrace(e)))
+}
+
+/// The wasm frames of a trap, innermost first, on one line: `; wasm backtrace: f < g`.
+fn backtrace(e: &wasmtime::Error) -> String {
+    let Some(trace) = e.downcast_ref::<wasmtime::WasmBacktrace>() else {
+        return String::new();
+    };
+    let frames: Vec<String> = trace
+        .frames()
+        .iter()
+        .take(BACKTRACE_FRAMES_MAX)
+        .map(|f| format!("{}!{}", f.module().name().unwrap_or("?"), f.func_name().unwrap_or("?")))
+        .collect();
+    if frames.is_empty() { String::new() } else { format!("; wasm backtrace: {}", frames.join(" < ")) }
+}
+
+/// A plugin-controlled message made safe to print and to store: control characters
+/// escaped, at most [`ERROR_MESSAGE_BYTES_MAX`] bytes.
+fn clip_message(message: &str) -> String {
+    output::escape_unprintable(&output::clip_chars(message, ERROR_MESSAGE_BYTES_MAX))
 }
 
 impl Plugin {
@@ -433,6 +537,8 @@ impl Plugin {
 
     fn instantiate(&self) -> Result<Live, String> {
         let env = Arc::new(VirtualEnv::default());
+        let file_name = self.path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+        let log = PluginLog::new(&file_name, self.limits.log_bytes_per_call_max);
         let limits = StoreLimitsBuilder::new()
             .memory_size(usize::try_from(self.limits.instance_memory_bytes_max).unwrap_or(usize::MAX))
             .table_elements(1 << 20)
@@ -443,83 +549,106 @@ impl Plugin {
             .build();
         let state = HostState {
             table: ResourceTable::new(),
-            wasi: wasi::build_ctx(&env),
+            wasi: wasi::build_ctx(&env, &log),
+            env: env.clone(),
             limits,
-            log: handle::LogBudget::new(self.limits.log_bytes_per_call_max, self.path.clone()),
+            log: log.clone(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
-        store.set_epoch_deadline(self.epoch_ticks());
-        let bindings =
-            self.pre.instantiate(&mut store).map_err(|e| format!("instantiate failed: {}", trap_message(&e)))?;
-        store.set_epoch_deadline(self.epoch_ticks());
-        let info = bindings.call_info(&mut store).map_err(|e| format!("info() trapped: {}", trap_message(&e)))?;
-        store.set_epoch_deadline(self.epoch_ticks());
-        bindings.call_init(&mut store, &self.params).map_err(|e| format!("init() trapped: {}", trap_message(&e)))??;
+        // wasmtime's cap on what one lift copies out of the plugin (a call's result, a
+        // host function's arguments), counting the host's per-item overhead: a list of
+        // many (pointer, length) pairs aimed at one big string costs its full size.
+        store.set_hostcall_fuel(self.limits.transfer_bytes_max);
+        let live = self.start(store, env, &log);
+        log.flush(Activity::Init);
+        let live = live?;
+        log.set_plugin(&live.info.name);
+        Ok(live)
+    }
+
+    /// Instantiates the component in `store` and calls `info` and `init`.
+    fn start(&self, mut store: Store<HostState>, env: Arc<VirtualEnv>, log: &PluginLog) -> Result<Live, String> {
+        let failed = |what: &str, e: &wasmtime::Error| format!("{what}: {}", trap_message(e, &self.limits, log));
+        self.set_deadline(&mut store);
+        let bindings = self.pre.instantiate(&mut store).map_err(|e| failed("instantiate failed", &e))?;
+        self.set_deadline(&mut store);
+        let info = bindings.call_info(&mut store).map_err(|e| failed("info() trapped", &e))?;
+        self.set_deadline(&mut store);
+        bindings
+            .call_init(&mut store, &self.params)
+            .map_err(|e| failed("init() trapped", &e))?
+            .map_err(|message| clip_message(&message))?;
         Ok(Live { store, bindings, env, info })
     }
 
-    fn epoch_ticks(&self) -> u64 {
-        self.limits.call_cpu_ms_max.div_ceil(EPOCH_TICK_MS) + 1
+    /// Gives the next call `call_cpu_ms_max` of CPU time.
+    fn set_deadline(&self, store: &mut Store<HostState>) {
+        set_deadline(store, self.deadline_ticks());
+    }
+
+    /// `call_cpu_ms_max` in epoch ticks, plus one for the tick already under way;
+    /// `None` without a CPU limit.
+    fn deadline_ticks(&self) -> Option<u64> {
+        self.ticker.as_ref().map(|_| self.limits.call_cpu_ms_max.div_ceil(EPOCH_TICK_MS) + 1)
     }
 
     /// Calls `process` for one key. On `Ok`, the outcome holds the staged state,
     /// timeout and outputs; on `Err` nothing of the call is kept.
     pub fn call(&mut self, kind: TimeoutKind, req: &CallRequest<'_>) -> Result<CallOutcome, CallError> {
-        if self.live.is_none() {
-            let live = self.instantiate().map_err(CallError::Reinstantiate)?;
-            if live.info != self.info {
-                return Err(CallError::Reinstantiate(format!(
-                    "info() changed from {:?} to {:?}",
-                    self.info, live.info
-                )));
-            }
-            self.live = Some(live);
-        }
-        let ticks = self.epoch_ticks();
-        let limits = &self.limits;
-        let Some(live) = self.live.as_mut() else {
-            return Err(CallError::Reinstantiate("no instance".into()));
-        };
+        let (ticks, state_bytes_max) = (self.deadline_ticks(), self.limits.state_bytes_max);
+        let live = self.live()?;
         live.env.prepare_call(req.processing_time_ms, req.batch_id, req.key);
-        let handle = GroupStateHandle::new(req, kind, limits.state_bytes_max);
+        let handle = GroupStateHandle::new(req, kind, state_bytes_max);
         let resource = live.store.data_mut().table.push(handle).map_err(|e| CallError::Trap(e.to_string()))?;
         let borrowed = wasmtime::component::Resource::<GroupStateHandle>::new_borrow(resource.rep());
-        live.store.data_mut().log.start_call(req.key);
-        live.store.set_epoch_deadline(ticks);
+        set_deadline(&mut live.store, ticks);
         let result = live.bindings.call_process(&mut live.store, req.key, req.events, borrowed);
-        live.store.data_mut().log.end_call();
         let handle = live.store.data_mut().table.delete(resource);
-        match (result, handle) {
-            (Ok(Ok(outputs)), Ok(handle)) => {
-                check_outputs(&outputs, limits)?;
+        let log = live.store.data().log.clone();
+        let outcome = match (result, handle) {
+            (Ok(Ok(outputs)), Ok(handle)) => check_outputs(&outputs, &self.limits).map(|()| {
                 let (value, timeout_ms) = handle.into_staged();
-                Ok(CallOutcome { value, timeout_ms, outputs })
-            }
-            (Ok(Err(message)), _) => Err(CallError::Returned(message)),
+                CallOutcome { value, timeout_ms, outputs }
+            }),
+            (Ok(Err(message)), _) => Err(CallError::Returned(clip_message(&message))),
             (Err(e), _) => {
                 // After a trap the store is poisoned: drop it, re-make it next call.
                 self.live = None;
-                Err(CallError::Trap(trap_message(&e)))
+                Err(CallError::Trap(trap_message(&e, &self.limits, &log)))
             }
             (Ok(Ok(_)), Err(e)) => {
                 self.live = None;
                 Err(CallError::Trap(format!("state handle lost: {e}")))
             }
+        };
+        log.flush(Activity::Key(req.key));
+        outcome
+    }
+
+    /// The live instance, made anew if the last call trapped.
+    fn live(&mut self) -> Result<&mut Live, CallError> {
+        if self.live.is_none() {
+            let live = self.instantiate().map_err(CallError::Reinstantiate)?;
+            if live.info != self.info {
+                return Err(CallError::Reinstantiate(clip_message(&format!(
+                    "info() changed from {:?} to {:?}",
+                    self.info, live.info
+                ))));
+            }
+            self.live = Some(live);
         }
+        self.live.as_mut().ok_or_else(|| CallError::Reinstantiate("no instance".into()))
     }
 
     /// Converts a state value from an older schema version through `migrate-state`.
     pub fn migrate(&mut self, from_version: u32, value: &[u8]) -> Result<Vec<u8>, CallError> {
-        if self.live.is_none() {
-            self.live = Some(self.instantiate().map_err(CallError::Reinstantiate)?);
-        }
-        let ticks = self.epoch_ticks();
-        let Some(live) = self.live.as_mut() else {
-            return Err(CallError::Reinstantiate("no instance".into()));
-        };
-        live.store.set_epoch_deadline(ticks);
-        match live.bindings.call_migrate_state(&mut live.store, from_version, value) {
+        let ticks = self.deadline_ticks();
+        let live = self.live()?;
+        let log = live.store.data().log.clone();
+        set_deadline(&mut live.store, ticks);
+        let result = live.bindings.call_migrate_state(&mut live.store, from_version, value);
+        let outcome = match result {
             Ok(Ok(v)) if v.len() as u64 <= self.limits.state_bytes_max => Ok(v),
             Ok(Ok(v)) => Err(CallError::BadResult(format!(
                 "migrate-state returned {} bytes, over state_bytes_max ({})",
@@ -527,13 +656,21 @@ impl Plugin {
                 self.limits.state_bytes_max
             ))),
             Ok(Err(message)) => {
-                Err(CallError::Returned(format!("migrate-state from schema {from_version}: {message}")))
+                Err(CallError::Returned(clip_message(&format!("migrate-state from schema {from_version}: {message}"))))
             }
             Err(e) => {
                 self.live = None;
-                Err(CallError::Trap(trap_message(&e)))
+                Err(CallError::Trap(trap_message(&e, &self.limits, &log)))
             }
-        }
+        };
+        log.flush(Activity::Migrate(from_version));
+        outcome
+    }
+}
+
+fn set_deadline(store: &mut Store<HostState>, ticks: Option<u64>) {
+    if let Some(ticks) = ticks {
+        store.set_epoch_deadline(ticks);
     }
 }
 
@@ -559,7 +696,10 @@ fn check_outputs(outputs: &[String], limits: &Limits) -> Result<(), CallError> {
             )));
         }
         if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(out) {
-            return Err(CallError::BadResult(format!("output {i} is not JSON ({e}): {:.80}", out)));
+            return Err(CallError::BadResult(format!(
+                "output {i} is not JSON ({e}): {}",
+                clip_message(&output::clip_chars(out, 80))
+            )));
         }
     }
     Ok(())

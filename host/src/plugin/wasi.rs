@@ -1,13 +1,20 @@
 //! The WASI context a plugin gets: nothing real. No files (no preopens), no network,
-//! no environment or arguments, stdio closed; clocks read the batch's processing time
-//! and random numbers are seeded from (batch, key), so a replayed batch is
-//! bit-identical.
+//! no environment or arguments, stdin closed, stdout and stderr captured into the
+//! plugin's log (`output.rs`); clocks read the batch's processing time and random
+//! numbers are seeded from (batch, key), so a replayed batch is bit-identical. Time
+//! does not pass inside a call: waiting on a clock (`sleep`) returns at once, so a
+//! plugin cannot block the host's thread where the CPU limit cannot reach it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
+use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
+use wasmtime_wasi::p2::bindings::clocks::monotonic_clock;
+use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder};
+
+use super::output::{CapturedStream, PluginLog};
 
 /// The time and randomness a plugin instance sees, set by the host before each call.
 #[derive(Debug, Default)]
@@ -22,6 +29,12 @@ impl VirtualEnv {
     pub fn prepare_call(&self, processing_time_ms: i64, batch_id: u64, key: &str) {
         self.now_ms.store(processing_time_ms, Ordering::Relaxed);
         self.seed.store(seed_for(batch_id, key), Ordering::Relaxed);
+    }
+
+    /// The monotonic clock: the batch's processing time, in nanoseconds.
+    fn monotonic_ns(&self) -> u64 {
+        let ms = self.now_ms.load(Ordering::Relaxed);
+        u64::try_from(ms).unwrap_or(0).saturating_mul(1_000_000)
     }
 }
 
@@ -61,8 +74,7 @@ impl HostMonotonicClock for VirtualClock {
         1_000_000
     }
     fn now(&self) -> u64 {
-        let ms = self.0.now_ms.load(Ordering::Relaxed);
-        u64::try_from(ms).unwrap_or(0).saturating_mul(1_000_000)
+        self.0.monotonic_ns()
     }
 }
 
@@ -94,11 +106,13 @@ impl rand_core::TryRng for VirtualRandom {
 }
 
 /// Builds the WASI context of one instance.
-pub fn build_ctx(env: &Arc<VirtualEnv>) -> WasiCtx {
+pub(super) fn build_ctx(env: &Arc<VirtualEnv>, log: &PluginLog) -> WasiCtx {
     let mut b = WasiCtxBuilder::new();
     // The builder grants no env, args, preopens or network, and closes stdio by
     // default; only clocks and random are live, so replace them.
-    b.wall_clock(VirtualClock(env.clone()))
+    b.stdout(CapturedStream::stdout(log))
+        .stderr(CapturedStream::stderr(log))
+        .wall_clock(VirtualClock(env.clone()))
         .monotonic_clock(VirtualClock(env.clone()))
         .secure_random(VirtualRandom(env.clone()))
         .insecure_random(VirtualRandom(env.clone()))
@@ -107,6 +121,62 @@ pub fn build_ctx(env: &Arc<VirtualEnv>) -> WasiCtx {
         .allow_tcp(false)
         .allow_udp(false);
     b.build()
+}
+
+/// wasmtime-wasi's `monotonic-clock` sleeps for real until a subscribed instant, and
+/// forever for one it cannot represent, in host code that epoch interruption cannot
+/// stop. This one replaces it (the linker must allow shadowing): `now` is the batch's
+/// time and every subscription is ready at once.
+pub(super) fn add_virtual_monotonic_clock<T: Send + 'static>(
+    linker: &mut Linker<T>,
+    view: fn(&mut T) -> VirtualClockView<'_>,
+) -> wasmtime::Result<()> {
+    monotonic_clock::add_to_linker::<T, VirtualClockData>(linker, view)
+}
+
+struct VirtualClockData;
+
+impl HasData for VirtualClockData {
+    type Data<'a> = VirtualClockView<'a>;
+}
+
+/// What the virtual `monotonic-clock` needs of the store.
+pub(super) struct VirtualClockView<'a> {
+    /// The instance's time.
+    pub(super) env: &'a VirtualEnv,
+    /// Where pollables live.
+    pub(super) table: &'a mut ResourceTable,
+}
+
+impl monotonic_clock::Host for VirtualClockView<'_> {
+    fn now(&mut self) -> wasmtime::Result<u64> {
+        Ok(self.env.monotonic_ns())
+    }
+
+    fn resolution(&mut self) -> wasmtime::Result<u64> {
+        Ok(1_000_000)
+    }
+
+    fn subscribe_instant(&mut self, _when: u64) -> wasmtime::Result<Resource<DynPollable>> {
+        ready_now(self.table)
+    }
+
+    fn subscribe_duration(&mut self, _duration: u64) -> wasmtime::Result<Resource<DynPollable>> {
+        ready_now(self.table)
+    }
+}
+
+/// A clock subscription: time does not pass inside a call, so it is always due.
+struct Due;
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for Due {
+    async fn ready(&mut self) {}
+}
+
+fn ready_now(table: &mut ResourceTable) -> wasmtime::Result<Resource<DynPollable>> {
+    let due = table.push(Due)?;
+    subscribe(table, due)
 }
 
 #[cfg(test)]

@@ -61,7 +61,11 @@ impl StateFunction for InactivityAlert {
         if state.has_timed_out() {
             let activity = state.get()?.unwrap_or_default();
             state.remove();
-            return Ok(vec![Inactive { key: key.clone(), last_seen_ms: activity.last_seen_ms, events: activity.events }]);
+            return Ok(vec![Inactive {
+                key: key.clone(),
+                last_seen_ms: activity.last_seen_ms,
+                events: activity.events,
+            }]);
         }
         let mut activity = state.get()?.unwrap_or_default();
         activity.events += events.len() as u64;

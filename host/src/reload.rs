@@ -1,0 +1,53 @@
+//! Hot load from a file: a thread polls the plugin file and, when its content changes,
+//! compiles, instantiates and initialises the new version off the processing path, then
+//! queues it for the pipeline, which swaps at the next batch boundary.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::pipeline::{Candidate, SwapSender};
+use crate::plugin::Runtime;
+
+/// Watches `path` every `interval_ms` until `stop` is set. `running_sha256` is the
+/// version already running, so the first look does not reload it.
+pub fn watch(
+    path: PathBuf,
+    params: Vec<(String, String)>,
+    runtime: Arc<Runtime>,
+    sender: SwapSender,
+    running_sha256: String,
+    interval_ms: u64,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new().name("groupstate-watch".into()).spawn(move || {
+        let mut seen = running_sha256;
+        let mut seen_meta = None;
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(interval_ms));
+            // Cheap first: only a changed size or mtime makes us read and hash the file.
+            let meta = std::fs::metadata(&path).ok().map(|m| (m.len(), m.modified().ok()));
+            if meta.is_none() || meta == seen_meta {
+                continue;
+            }
+            seen_meta = meta;
+            let Ok(bytes) = std::fs::read(&path) else { continue };
+            let sha = crate::plugin::sha256_hex(&bytes);
+            if sha == seen {
+                continue;
+            }
+            seen = sha;
+            match runtime.load(&path, &params) {
+                Ok(plugin) => {
+                    let candidate = Candidate { plugin: Box::new(plugin), origin: path.display().to_string() };
+                    if let Err(e) = sender.send(candidate) {
+                        eprintln!("groupstate: new plugin version in {} not queued: {e}", path.display());
+                    }
+                }
+                Err(e) => eprintln!("groupstate: new plugin version refused, the running one goes on: {e}"),
+            }
+        }
+    })
+}

@@ -1,0 +1,378 @@
+//! The benchmark (issue 8's figures, WORKLOAD.md's workload). Run it with
+//! `cargo run --release -p groupstate-tests --bin bench -- <scenario> [options]`:
+//!
+//! - `throughput [--events N] [--sensors K] [--runs R] [--batch-events B]`: the sensor
+//!   workload end to end with state in sled committed (fsync) every batch, three ways on
+//!   the same input: the wasm plugin, the same logic as a native Rust function inside the
+//!   host (what the sandbox costs), and a plain in-memory loop over the file (the floor).
+//!   Each run is a child process, so peak RSS is its own. Prints medians and ratios.
+//! - `timers [--keys 10000,1000000] [--batches B]`: the time of a batch that fires no
+//!   timeout while N keys hold timers, and the recovery time (open + first batch) with
+//!   N keys in state.
+//!
+//! Numbers on a shared 2-core machine are noisy: compare ratios from the same run.
+
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use groupstate::config::{PipelineConfig, Stream, TimeoutKind};
+use groupstate::plugin::{CallError, CallOutcome, CallRequest, PluginInfo, StagedValue};
+use groupstate::store::{Checkpoint, KeyChange, KeyRecord, Store};
+use groupstate::workload::{SensorSpec, generate_sensor};
+use groupstate::{Clock, Pipeline, StateFunction, SystemClock};
+use groupstate_tests::{cache_dir, plugins};
+use serde::Deserialize;
+
+/// The same allocator as the `groupstate` binary.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const GAP_MS: i64 = 600_000;
+const WINDOW_MS: i64 = 60_000;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = |name: &str, default: &str| -> String {
+        args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned().unwrap_or_else(|| default.to_owned())
+    };
+    let num = |name: &str, default: u64| -> u64 {
+        flag(name, &default.to_string()).parse().unwrap_or_else(|_| panic!("{name} takes a number"))
+    };
+    match args.first().map(String::as_str) {
+        Some("throughput") => throughput(
+            num("--events", 1_000_000),
+            num("--sensors", 10_000) as u32,
+            num("--runs", 3) as usize,
+            num("--batch-events", 100_000) as usize,
+        ),
+        Some("timers") => {
+            let keys: Vec<u64> =
+                flag("--keys", "10000,1000000").split(',').map(|k| k.parse().expect("--keys takes numbers")).collect();
+            timers(&keys, num("--batches", 20) as usize);
+        }
+        // A child process of `throughput`: one run, one JSON line on stdout.
+        Some("one") => one(&args[1], Path::new(&args[2]), num("--batch-events", 100_000) as usize),
+        _ => {
+            eprintln!("usage: bench throughput [--events N] [--sensors K] [--runs R] [--batch-events B]");
+            eprintln!("       bench timers [--keys 10000,1000000] [--batches B]");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn data_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("target").join("bench-data");
+    std::fs::create_dir_all(&dir).expect("create target/bench-data");
+    dir
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn throughput(events: u64, sensors: u32, runs: usize, batch_events: usize) {
+    let input = data_dir().join(format!("sensor-{events}-{sensors}.jsonl"));
+    if !input.exists() {
+        eprintln!("generating {}", input.display());
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&input).expect("create input"));
+        generate_sensor(SensorSpec { events, sensors, seed: 1 }, &mut out).expect("generate");
+        out.flush().expect("flush");
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let mut results: HashMap<&str, Vec<serde_json::Value>> = HashMap::new();
+    // Interleaved, so that machine noise hits every configuration alike.
+    for run in 0..runs {
+        for config in ["floor", "native", "wasm"] {
+            let out = Command::new(&exe)
+                .args(["one", config, &input.display().to_string(), "--batch-events", &batch_events.to_string()])
+                .output()
+                .expect("run child");
+            assert!(out.status.success(), "{config} run failed: {}", String::from_utf8_lossy(&out.stderr));
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("child JSON");
+            eprintln!("run {run} {config}: {v}");
+            results.entry(config).or_default().push(v);
+        }
+    }
+    let med =
+        |config: &str, field: &str| median(results[config].iter().map(|v| v[field].as_f64().unwrap_or(0.0)).collect());
+    println!("\nsensor workload: {events} events, {sensors} sensors, batch {batch_events}, medians of {runs} runs");
+    println!(
+        "{:<8} {:>12} {:>10} {:>10} | {:>8} {:>8} {:>8} {:>8} {:>8} (ms)",
+        "config", "events/s", "vs native", "peak MiB", "read", "decode", "load", "plugin", "commit"
+    );
+    let native = med("native", "events_per_s");
+    for config in ["floor", "native", "wasm"] {
+        let eps = med(config, "events_per_s");
+        println!(
+            "{:<8} {:>12.0} {:>9.2}x {:>10.1} | {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>8.0}",
+            config,
+            eps,
+            eps / native,
+            med(config, "peak_rss_kib") / 1024.0,
+            med(config, "read_ms"),
+            med(config, "decode_group_ms"),
+            med(config, "state_load_ms"),
+            med(config, "plugin_ms"),
+            med(config, "commit_ms"),
+        );
+    }
+}
+
+/// Peak resident set size of this process, KiB (Linux).
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn one(config: &str, input: &Path, batch_events: usize) {
+    let clock = SystemClock;
+    let started = clock.monotonic_ns();
+    let (events, stages) = match config {
+        "floor" => (floor(input), groupstate::StageTimes::default()),
+        "native" | "wasm" => {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut pc = PipelineConfig::new(
+                PathBuf::from(plugins::SENSOR_ALERTS),
+                Stream::File(input.to_owned()),
+                Stream::File(dir.path().join("out.jsonl")),
+                dir.path().join("state"),
+                "sensor_id".into(),
+            );
+            pc.time_field = Some("ts".into());
+            pc.timeout = TimeoutKind::EventTime;
+            pc.batch_events_max = batch_events;
+            pc.cache_dir = Some(cache_dir());
+            let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+            let mut pipeline = if config == "wasm" {
+                Pipeline::open(pc, clock)
+            } else {
+                Pipeline::open_with_function(pc, clock, Box::new(NativeSensor::default()))
+            }
+            .expect("open pipeline");
+            let summary = pipeline.run(&mut |_| {}).expect("run");
+            (summary.run.records, summary.stages)
+        }
+        other => panic!("unknown config {other}"),
+    };
+    let secs = (clock.monotonic_ns() - started) as f64 / 1e9;
+    let ms = |ns: u64| ns as f64 / 1e6;
+    println!(
+        "{}",
+        serde_json::json!({
+            "config": config,
+            "events": events,
+            "seconds": secs,
+            "events_per_s": events as f64 / secs,
+            "peak_rss_kib": peak_rss_kib(),
+            "read_ms": ms(stages.read_ns),
+            "decode_group_ms": ms(stages.decode_group_ns),
+            "state_load_ms": ms(stages.state_load_ns),
+            "plugin_ms": ms(stages.plugin_ns),
+            "commit_ms": ms(stages.commit_ns),
+        })
+    );
+}
+
+#[derive(Deserialize)]
+struct Reading {
+    sensor_id: String,
+    ts: i64,
+    status: String,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Episode {
+    consecutive_errors: u32,
+    first_error_ts: i64,
+    last_ts: i64,
+}
+
+impl Episode {
+    /// WORKLOAD.md's step; returns whether this reading raises an alert.
+    fn step(&mut self, ts: i64, err: bool) -> bool {
+        if self.last_ts != 0 && ts - self.last_ts > GAP_MS {
+            *self = Episode::default();
+        }
+        self.last_ts = ts;
+        if !err {
+            self.consecutive_errors = 0;
+            return false;
+        }
+        self.consecutive_errors += 1;
+        if self.consecutive_errors == 1 {
+            self.first_error_ts = ts;
+        }
+        self.consecutive_errors == 3 && ts - self.first_error_ts <= WINDOW_MS
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(20);
+        v.extend_from_slice(&self.consecutive_errors.to_le_bytes());
+        v.extend_from_slice(&self.first_error_ts.to_le_bytes());
+        v.extend_from_slice(&self.last_ts.to_le_bytes());
+        v
+    }
+
+    fn decode(b: &[u8]) -> Option<Self> {
+        Some(Episode {
+            consecutive_errors: u32::from_le_bytes(b.get(0..4)?.try_into().ok()?),
+            first_error_ts: i64::from_le_bytes(b.get(4..12)?.try_into().ok()?),
+            last_ts: i64::from_le_bytes(b.get(12..20)?.try_into().ok()?),
+        })
+    }
+}
+
+/// The floor: the same logic in a plain in-memory loop over the file.
+fn floor(input: &Path) -> u64 {
+    let file = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(input).expect("open input"));
+    let mut sensors: HashMap<String, Episode> = HashMap::new();
+    let (mut events, mut alerts) = (0u64, 0u64);
+    for line in file.lines() {
+        let r: Reading = serde_json::from_str(&line.expect("read")).expect("parse");
+        events += 1;
+        alerts += u64::from(sensors.entry(r.sensor_id).or_default().step(r.ts, r.status == "err"));
+    }
+    std::hint::black_box(alerts);
+    events
+}
+
+/// The sensor logic as a native function behind the pipeline's seam.
+struct NativeSensor {
+    info: PluginInfo,
+}
+
+impl Default for NativeSensor {
+    fn default() -> Self {
+        Self { info: PluginInfo { name: "sensor-alerts-native".into(), version: "0".into(), state_schema_version: 1 } }
+    }
+}
+
+impl StateFunction for NativeSensor {
+    fn info(&self) -> &PluginInfo {
+        &self.info
+    }
+
+    fn call(&mut self, _kind: TimeoutKind, req: &CallRequest<'_>) -> Result<CallOutcome, CallError> {
+        if req.has_timed_out {
+            return Ok(CallOutcome { value: StagedValue::Removed, timeout_ms: None, outputs: Vec::new() });
+        }
+        let mut readings: Vec<Reading> = req
+            .events
+            .iter()
+            .map(|e| serde_json::from_str(&e.payload).map_err(|e| CallError::Returned(e.to_string())))
+            .collect::<Result<_, _>>()?;
+        readings.sort_by_key(|r| r.ts);
+        let mut episode = req.state.and_then(Episode::decode).unwrap_or_default();
+        let mut outputs = Vec::new();
+        for r in &readings {
+            if episode.step(r.ts, r.status == "err") {
+                outputs.push(format!(
+                    "{{\"sensor_id\":\"{}\",\"ts\":{},\"first_ts\":{}}}",
+                    req.key, r.ts, episode.first_error_ts
+                ));
+            }
+        }
+        Ok(CallOutcome {
+            value: StagedValue::Updated(episode.encode()),
+            timeout_ms: Some(episode.last_ts + GAP_MS),
+            outputs,
+        })
+    }
+
+    fn migrate(&mut self, _from_version: u32, value: &[u8]) -> Result<Vec<u8>, CallError> {
+        Ok(value.to_vec())
+    }
+}
+
+/// Fills a fresh state dir with `keys` keys, each holding a value and a timer far in
+/// the future, committed in chunks.
+fn prefill(dir: &Path, keys: u64) {
+    let store = Store::open(&dir.join("store"), 64 << 20).expect("open store");
+    let mut changes = Vec::with_capacity(100_000);
+    let mut checkpoint = Checkpoint::default();
+    for i in 0..keys {
+        let record = KeyRecord {
+            value: Some(Episode::default().encode()),
+            timeout_ms: Some(4_000_000_000_000 + i as i64),
+            schema_version: 1,
+        };
+        changes.push(KeyChange { key: format!("idle-{i:08}"), before: None, after: Some(record) });
+        if changes.len() == 100_000 || i + 1 == keys {
+            store.commit(&changes, &checkpoint, false).expect("commit");
+            changes.clear();
+        }
+    }
+    checkpoint.next_batch_id = 0;
+    store.commit(&[], &checkpoint, true).expect("flush");
+}
+
+fn timers(keys: &[u64], batches: usize) {
+    let active = 100;
+    let per_batch = 1000;
+    let input = data_dir().join(format!("timers-{batches}.jsonl"));
+    let mut text = String::new();
+    for i in 0..(batches * per_batch) as i64 {
+        text.push_str(&format!(
+            "{{\"sensor_id\":\"s-{:03}\",\"ts\":{},\"status\":\"ok\"}}\n",
+            i % active,
+            1_700_000_000_000 + i * 10
+        ));
+    }
+    std::fs::write(&input, text).expect("write input");
+    println!(
+        "\nbatches of {per_batch} events over {active} active keys, while N idle keys hold timers that do not fire"
+    );
+    println!("{:>10} {:>12} {:>14} {:>18}", "N", "open ms", "1st batch ms", "median batch ms");
+    let mut medians = Vec::new();
+    for &n in keys {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let clock = SystemClock;
+        let t = clock.monotonic_ns();
+        prefill(&dir.path().join("state"), n);
+        eprintln!("prefilled {n} keys in {:.1} s", (clock.monotonic_ns() - t) as f64 / 1e9);
+        let mut pc = PipelineConfig::new(
+            PathBuf::from(plugins::SENSOR_ALERTS),
+            Stream::File(input.clone()),
+            Stream::File(dir.path().join("out.jsonl")),
+            dir.path().join("state"),
+            "sensor_id".into(),
+        );
+        pc.time_field = Some("ts".into());
+        pc.timeout = TimeoutKind::EventTime;
+        pc.batch_events_max = per_batch;
+        pc.durable_commits = std::env::var_os("BENCH_NO_FSYNC").is_none();
+        pc.cache_dir = Some(cache_dir());
+        let started = clock.monotonic_ns();
+        let mut pipeline = Pipeline::open(pc, Arc::new(SystemClock)).expect("open");
+        let opened = clock.monotonic_ns();
+        let mut last = opened;
+        let mut times = Vec::new();
+        pipeline
+            .run(&mut |_| {
+                let now = clock.monotonic_ns();
+                times.push((now - last) as f64 / 1e6);
+                last = now;
+            })
+            .expect("run");
+        let first = times[0];
+        let med = median(times[1..].to_vec());
+        medians.push(med);
+        println!("{:>10} {:>12.1} {:>14.1} {:>18.2}", n, (opened - started) as f64 / 1e6, first, med);
+    }
+    if medians.len() >= 2 {
+        println!(
+            "median batch time, {} keys vs {} keys: {:.2}x",
+            keys[keys.len() - 1],
+            keys[0],
+            medians[medians.len() - 1] / medians[0]
+        );
+    }
+}

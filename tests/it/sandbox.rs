@@ -1,0 +1,513 @@
+//! The sandbox against plugins that misbehave on purpose (`tests/plugins/adversary`,
+//! `raw-outputs`, `socket-probe`): each test names what the host must do and would
+//! fail if that protection were missing. Limits are small so that every test is fast.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use groupstate::config::{ErrorPolicy, Limits, PipelineConfig, Stream, TimeoutKind};
+use groupstate::plugin::{CallError, CallOutcome, CallRequest, Event, Plugin, PluginError, Runtime, StagedValue};
+use groupstate::{ManualClock, Pipeline};
+use groupstate_tests::{cache_dir, plugins, run_and_inspect};
+use serde_json::{Value, json};
+
+use super::cli::groupstate_bin;
+
+const NOW_MS: i64 = 1_800_000_000_000;
+
+/// Small limits: a runaway call is stopped after 100 ms, an instance grows to 32 MiB.
+fn test_limits() -> Limits {
+    Limits { call_cpu_ms_max: 100, instance_memory_bytes_max: 32 << 20, ..Limits::default() }
+}
+
+/// Loads `path` the way `Pipeline::open` does: the `Runtime` is gone before the first
+/// call, so the CPU limit must not depend on it staying alive.
+fn load(path: &str, limits: &Limits, params: &[(&str, &str)]) -> Result<Plugin, PluginError> {
+    let runtime = Runtime::new(limits, Some(&cache_dir())).expect("runtime");
+    let params: Vec<(String, String)> = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    runtime.load(Path::new(path), &params)
+}
+
+fn adversary(limits: &Limits) -> Plugin {
+    load(plugins::ADVERSARY, limits, &[]).unwrap_or_else(|e| panic!("load adversary: {e}"))
+}
+
+/// One `process` call for `key` with these event payloads and no prior state.
+fn call(plugin: &mut Plugin, key: &str, payloads: &[Value]) -> Result<CallOutcome, CallError> {
+    let events: Vec<Event> = payloads.iter().map(|p| Event { event_time_ms: None, payload: p.to_string() }).collect();
+    let req = CallRequest {
+        batch_id: 1,
+        key,
+        events: &events,
+        state: None,
+        has_timed_out: false,
+        watermark_ms: 0,
+        processing_time_ms: NOW_MS,
+    };
+    plugin.call(TimeoutKind::None, &req)
+}
+
+/// The adversary's order to do `action`.
+fn order(action: &str) -> Value {
+    json!({ "do": action })
+}
+
+fn trap_message(result: Result<CallOutcome, CallError>) -> String {
+    match result {
+        Err(CallError::Trap(message)) => message,
+        other => panic!("expected a trap, got {}", describe(&other)),
+    }
+}
+
+fn bad_result_message(result: Result<CallOutcome, CallError>) -> String {
+    match result {
+        Err(CallError::BadResult(message)) => message,
+        other => panic!("expected a refused result, got {}", describe(&other)),
+    }
+}
+
+/// A call's result in a few words (outputs may be megabytes).
+fn describe(result: &Result<CallOutcome, CallError>) -> String {
+    match result {
+        Ok(outcome) => {
+            format!("ok with outputs of {:?} bytes", outcome.outputs.iter().map(String::len).collect::<Vec<_>>())
+        }
+        Err(e) => format!("{e:?}"),
+    }
+}
+
+/// Makes the call on another thread and waits at most a minute: a plugin that blocks
+/// the host fails the test instead of hanging it.
+fn call_or_hang(mut plugin: Plugin, payload: Value) -> (Plugin, Result<CallOutcome, CallError>) {
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let result = call(&mut plugin, "k", &[payload]);
+        let _ = done.send((plugin, result));
+    });
+    result.recv_timeout(Duration::from_secs(60)).expect("the plugin blocked the host for a minute")
+}
+
+/// The outputs of a call that must succeed, parsed.
+fn outputs(result: Result<CallOutcome, CallError>) -> Vec<Value> {
+    let outcome = result.unwrap_or_else(|e| panic!("call failed: {e}"));
+    outcome.outputs.iter().map(|o| serde_json::from_str(o).expect("json output")).collect()
+}
+
+/// The calls made on the plugin's current instance, this one included.
+fn instance_calls(plugin: &mut Plugin) -> u64 {
+    outputs(call(plugin, "i", &[order("instance")]))[1]["instance_calls"].as_u64().expect("instance_calls")
+}
+
+/// A trap must leave the plugin usable: the next call works on a fresh instance.
+fn assert_recovers(plugin: &mut Plugin) {
+    assert_eq!(outputs(call(plugin, "k", &[order("count")])), [json!({ "key": "k", "count": 1 })]);
+    assert_eq!(instance_calls(plugin), 2, "the instance after a trap must be a fresh one");
+}
+
+#[test]
+fn an_infinite_loop_is_stopped_at_the_cpu_limit() {
+    let (mut plugin, result) = call_or_hang(adversary(&test_limits()), order("loop"));
+    let message = trap_message(result);
+    assert!(message.contains("CPU time limit exceeded (call_cpu_ms_max = 100 ms)"), "{message}");
+    assert_recovers(&mut plugin);
+}
+
+#[test]
+fn unbounded_allocation_is_stopped_at_the_memory_limit() {
+    let mut plugin = adversary(&test_limits());
+    let message = trap_message(call(&mut plugin, "k", &[order("alloc")]));
+    assert!(message.contains("instance_memory_bytes_max = 33554432"), "{message}");
+    assert_recovers(&mut plugin);
+}
+
+#[test]
+fn deep_recursion_overflows_the_stack_and_traps() {
+    let mut plugin = adversary(&test_limits());
+    let message = trap_message(call(&mut plugin, "k", &[order("recurse")]));
+    assert!(message.contains("wasm stack overflow (wasm_stack_bytes_max = 524288)"), "{message}");
+    assert_recovers(&mut plugin);
+    // Rust keeps large locals on a data stack in linear memory; overflowing it runs
+    // out of the plugin's memory, which is a trap too.
+    let message = trap_message(call(&mut plugin, "k", &[order("stack-data")]));
+    assert!(message.contains("out of bounds memory access"), "{message}");
+    assert_recovers(&mut plugin);
+}
+
+#[test]
+fn a_panic_traps_with_its_message_and_the_instance_is_replaced() {
+    let mut plugin = adversary(&test_limits());
+    assert_eq!((instance_calls(&mut plugin), instance_calls(&mut plugin)), (1, 2));
+    let message = trap_message(call(&mut plugin, "k", &[order("panic")]));
+    assert!(message.contains("unreachable"), "{message}");
+    assert!(message.contains("adversary: panic on key k"), "the panic message, from stderr: {message}");
+    assert_eq!(instance_calls(&mut plugin), 1, "a trapped instance must not be reused");
+}
+
+#[test]
+fn exit_ends_the_call_not_the_host() {
+    let mut plugin = adversary(&test_limits());
+    let message = trap_message(call(&mut plugin, "k", &[order("exit")]));
+    assert!(message.contains("the plugin called exit("), "{message}");
+    assert_recovers(&mut plugin);
+}
+
+#[test]
+fn sleeping_returns_at_once_instead_of_blocking_the_host() {
+    // wasmtime-wasi's clock would block this thread for the hour the plugin asks for,
+    // out of reach of the CPU limit; the host's virtual clock makes every wait due now.
+    let (_, result) = call_or_hang(adversary(&test_limits()), order("sleep"));
+    assert_eq!(outputs(result)[1], json!({ "slept": true }));
+}
+
+#[test]
+fn init_that_loops_or_panics_refuses_the_plugin_at_load() {
+    let limits = test_limits();
+    let looping = load(plugins::ADVERSARY, &limits, &[("on_init", "loop")]).expect_err("a looping init must fail");
+    assert!(matches!(looping, PluginError::Init { .. }), "{looping:?}");
+    assert!(looping.to_string().contains("CPU time limit exceeded"), "{looping}");
+    let panicking = load(plugins::ADVERSARY, &limits, &[("on_init", "panic")]).expect_err("a panicking init must fail");
+    assert!(panicking.to_string().contains("adversary: panic in init"), "{panicking}");
+}
+
+#[test]
+fn a_state_value_over_the_limit_is_refused_and_the_previous_one_stays() {
+    let limits = Limits { state_bytes_max: 1000, ..test_limits() };
+    let mut plugin = adversary(&limits);
+    let big = call(&mut plugin, "k", &[json!({ "do": "big-state", "n": 2000 })]).expect("the call itself succeeds");
+    let said = &big.outputs[1];
+    assert!(said.contains("update_error") && said.contains("state_bytes_max of 1000"), "{said}");
+    // What stays staged is the call's first update (the count), not the refused value.
+    assert!(matches!(&big.value, StagedValue::Updated(v) if v.len() < 100), "{:?}", big.value);
+    let small = call(&mut plugin, "k", &[json!({ "do": "big-state", "n": 500 })]).expect("call");
+    assert!(matches!(&small.value, StagedValue::Updated(v) if v.len() > 500), "a value under the limit is kept");
+}
+
+#[test]
+fn too_many_outputs_are_refused() {
+    let limits = Limits { outputs_per_call_max: 10, ..test_limits() };
+    let mut plugin = adversary(&limits);
+    // The count output plus `n` more.
+    assert_eq!(outputs(call(&mut plugin, "k", &[json!({ "do": "outputs", "n": 9 })])).len(), 10);
+    let message = bad_result_message(call(&mut plugin, "k", &[json!({ "do": "outputs", "n": 10 })]));
+    assert!(message.contains("returned 11 outputs, over outputs_per_call_max (10)"), "{message}");
+}
+
+#[test]
+fn over_long_non_json_and_multi_line_outputs_are_refused() {
+    let limits = Limits { output_bytes_max: 1000, ..test_limits() };
+    let mut plugin = adversary(&limits);
+    let message = bad_result_message(call(&mut plugin, "k", &[json!({ "do": "long-output", "n": 2000 })]));
+    assert!(message.contains("has 2002 bytes, over output_bytes_max (1000)"), "{message}");
+    let mut raw = load(plugins::RAW_OUTPUTS, &limits, &[]).expect("load raw-outputs");
+    let text = |t: &str| json!({ "do": "text", "text": t });
+    assert_eq!(outputs(call(&mut raw, "k", &[text("{\"ok\":1}")])), [json!({ "ok": 1 })]);
+    let message = bad_result_message(call(&mut raw, "k", &[text("not json")]));
+    assert!(message.contains("output 0 is not JSON"), "{message}");
+    let message = bad_result_message(call(&mut raw, "k", &[text("{\"a\":1}\n{\"b\":2}")]));
+    assert!(message.contains("contains a newline"), "{message}");
+}
+
+#[test]
+fn outputs_aliasing_one_buffer_are_stopped_at_the_transfer_limit() {
+    // 16 outputs pointing at one 1 MB string cost the plugin 1 MB; copying them out
+    // would cost the host 16 MB. The host stops copying at transfer_bytes_max.
+    let limits = Limits { transfer_bytes_max: 8 << 20, ..test_limits() };
+    let mut raw = load(plugins::RAW_OUTPUTS, &limits, &[]).expect("load raw-outputs");
+    let alias = |copies: u32| json!({ "do": "alias", "copies": copies, "bytes": 1_000_000 });
+    let under = call(&mut raw, "k", &[alias(4)]).expect("4 MB is under the limit");
+    assert_eq!(under.outputs.iter().map(String::len).collect::<Vec<_>>(), [1_000_000; 4]);
+    let message = trap_message(call(&mut raw, "k", &[alias(16)]));
+    assert!(message.contains("transfer_bytes_max = 8388608"), "{message}");
+}
+
+#[test]
+fn plugin_error_messages_are_clipped() {
+    let mut raw = load(plugins::RAW_OUTPUTS, &test_limits(), &[]).expect("load raw-outputs");
+    match call(&mut raw, "k", &[json!({ "do": "error", "bytes": 1 << 20 })]) {
+        Err(CallError::Returned(message)) => {
+            assert!(message.len() < 4096 && message.ends_with("(1048576 bytes)"), "{} bytes", message.len())
+        }
+        other => panic!("expected an error result, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_sandbox_has_no_files_environment_arguments_or_real_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let escape = dir.path().join("escaped.txt");
+    let mut plugin = adversary(&test_limits());
+    let seen = &outputs(call(&mut plugin, "k", &[json!({ "do": "probe", "path": escape })]))[1];
+    for error in ["read_error", "write_error", "list_error"] {
+        assert!(seen[error].is_string(), "{error}: the plugin must not reach the file system: {seen}");
+    }
+    assert!(!escape.exists(), "the plugin wrote a host file");
+    assert_eq!((&seen["env_vars"], &seen["home"], &seen["args"]), (&json!(0), &Value::Null, &json!(0)), "{seen}");
+    assert_eq!(seen["now_ms"], json!(NOW_MS), "the clock must read the batch's processing time");
+}
+
+#[test]
+fn a_plugin_importing_sockets_is_refused_at_load_with_its_imports() {
+    let error = load(plugins::SOCKET_PROBE, &test_limits(), &[]).expect_err("sockets must be refused");
+    let PluginError::ForbiddenImports { imports, .. } = &error else { panic!("expected forbidden imports: {error}") };
+    for import in ["wasi:sockets/tcp@", "wasi:sockets/udp@", "wasi:sockets/ip-name-lookup@"] {
+        assert!(imports.contains(import), "{import} missing from {imports}");
+    }
+    assert!(!imports.contains("wasi:cli"), "only the offending imports are listed: {imports}");
+}
+
+#[test]
+fn a_file_that_is_not_a_component_gets_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&str, &[u8], &str); 6] = [
+        ("empty.wasm", b"", "the file is empty"),
+        ("garbage.wasm", b"\x7fELF garbage", "not a WebAssembly file"),
+        ("core.wasm", b"\0asm\x01\0\0\0", "is a core WebAssembly module, not a component"),
+        ("core.wat", b"(module (func (export \"process\")))", "is a core WebAssembly module, not a component"),
+        ("truncated.wasm", b"\0asm\x0d\0", "truncated WebAssembly header"),
+        ("other.wat", b"(component)", "does not export the state-function world"),
+    ];
+    for (name, bytes, expected) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let error = load(path.to_str().unwrap(), &test_limits(), &[]).expect_err(name);
+        assert!(error.to_string().contains(expected), "{name}: expected {expected:?} in {error}");
+    }
+    let missing = load(dir.path().join("missing.wasm").to_str().unwrap(), &test_limits(), &[]).expect_err("missing");
+    assert!(matches!(missing, PluginError::Read { .. }), "{missing}");
+}
+
+#[test]
+fn a_healthy_plugin_keeps_working_while_another_traps_repeatedly() {
+    let limits = test_limits();
+    let runtime = Runtime::new(&limits, Some(&cache_dir())).expect("runtime");
+    let mut healthy = runtime.load(Path::new(plugins::SENSOR_ALERTS), &[]).expect("load sensor-alerts");
+    let mut bad = runtime.load(Path::new(plugins::ADVERSARY), &[]).expect("load adversary");
+    for round in 0..20i64 {
+        let action = ["panic", "alloc", "recurse", "exit", "loop"][round as usize % 5];
+        assert!(matches!(call(&mut bad, "bad", &[order(action)]), Err(CallError::Trap(_))), "{action}");
+        // Three errors in a row within a minute: exactly one alert, for this sensor.
+        let sensor = format!("s-{round}");
+        let t0 = 1_700_000_000_000 + round * 1000;
+        let readings: Vec<Value> = (0..3)
+            .map(|i| json!({ "sensor_id": sensor, "ts": t0 + i * 10_000, "status": "err", "reading": 1.0 }))
+            .collect();
+        let outcome = call(&mut healthy, &sensor, &readings).expect("the healthy plugin must not fail");
+        assert_eq!(outcome.outputs, [format!(r#"{{"sensor_id":"{sensor}","ts":{},"first_ts":{t0}}}"#, t0 + 20_000)]);
+    }
+}
+
+// The pipeline: one key traps, the others go on (or the batch stops, under `fail`).
+
+/// The adversary pipeline in `dir` (input `in.jsonl`, output `out.jsonl`, state and
+/// dead letters in `state/`), key field `k`.
+fn adversary_pipeline(dir: &Path, on_error: ErrorPolicy) -> PipelineConfig {
+    let mut config = PipelineConfig::new(
+        PathBuf::from(plugins::ADVERSARY),
+        Stream::File(dir.join("in.jsonl")),
+        Stream::File(dir.join("out.jsonl")),
+        dir.join("state"),
+        "k".into(),
+    );
+    config.on_error = on_error;
+    config.durable_commits = false;
+    config.cache_dir = Some(cache_dir());
+    config.limits = test_limits();
+    config
+}
+
+fn append(path: &Path, lines: &[&str]) {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).expect("open input");
+    for line in lines {
+        writeln!(file, "{line}").expect("append input");
+    }
+}
+
+const BATCH_1: [&str; 3] = [r#"{"k":"a"}"#, r#"{"k":"b"}"#, r#"{"k":"c"}"#];
+/// Key `b` counts its event, stages the new count, then panics.
+const BATCH_2: [&str; 4] = [r#"{"k":"a"}"#, r#"{"k":"b"}"#, r#"{"k":"b","do":"panic"}"#, r#"{"k":"c"}"#];
+const OUTPUTS_1: &str = "{\"count\":1,\"key\":\"a\"}\n{\"count\":1,\"key\":\"b\"}\n{\"count\":1,\"key\":\"c\"}\n";
+const OUTPUTS_2: &str = "{\"count\":2,\"key\":\"a\"}\n{\"count\":2,\"key\":\"c\"}\n";
+
+/// Every key's state value after running `dir`'s pipeline to the end.
+fn run_to_end(config: PipelineConfig) -> BTreeMap<String, Vec<u8>> {
+    let mut states = BTreeMap::new();
+    run_and_inspect(config, NOW_MS, |store| {
+        for entry in store.iter_keys() {
+            let (key, record) = entry.expect("read key");
+            states.insert(key, record.value.unwrap_or_default());
+        }
+    });
+    states
+}
+
+/// The states of a run where `b` behaves: what `a` and `c` must hold after batch 2.
+fn healthy_states() -> BTreeMap<String, Vec<u8>> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    append(&dir.path().join("in.jsonl"), &BATCH_1);
+    append(&dir.path().join("in.jsonl"), &[BATCH_2[0], BATCH_2[1], BATCH_2[3]]);
+    run_to_end(adversary_pipeline(dir.path(), ErrorPolicy::Fail))
+}
+
+/// Runs batch 1, then batch 2 (where `b` traps) under `policy`; checks that the other
+/// keys' outputs and states are exactly those of a healthy run and that `b` kept its
+/// state from batch 1. Returns the plugin errors in the dead-letter file.
+fn one_key_traps(policy: ErrorPolicy) -> Vec<Value> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("in.jsonl");
+    append(&input, &BATCH_1);
+    let after_1 = run_to_end(adversary_pipeline(dir.path(), policy));
+    append(&input, &BATCH_2);
+    let after_2 = run_to_end(adversary_pipeline(dir.path(), policy));
+    let healthy = healthy_states();
+    let outputs = std::fs::read_to_string(dir.path().join("out.jsonl")).expect("outputs");
+    assert_eq!(outputs, format!("{OUTPUTS_1}{OUTPUTS_2}"));
+    assert_eq!((&after_2["a"], &after_2["c"]), (&healthy["a"], &healthy["c"]), "the healthy keys' states");
+    assert_eq!(after_2["b"], after_1["b"], "the trapping key's state must stay as before the call");
+    assert_ne!(after_2["b"], healthy["b"]);
+    let dead_letter = std::fs::read_to_string(dir.path().join("state").join("dead-letter.jsonl")).unwrap_or_default();
+    let errors: Vec<Value> = dead_letter.lines().map(|l| serde_json::from_str(l).expect("dead letter json")).collect();
+    let state_before: String = after_1["b"].iter().map(|b| format!("{b:02x}")).collect();
+    for error in &errors {
+        assert_eq!(error["state_before_hex"], json!(state_before), "{error}");
+    }
+    errors
+}
+
+#[test]
+fn under_dead_letter_a_trapping_key_is_written_off_and_the_others_go_on() {
+    let errors = one_key_traps(ErrorPolicy::DeadLetter);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    let error = &errors[0];
+    assert_eq!((&error["kind"], &error["key"], &error["batch"]), (&json!("plugin-error"), &json!("b"), &json!(1)));
+    assert_eq!(error["events"], json!([BATCH_2[1], BATCH_2[2]]));
+    let cause = error["error"].as_str().unwrap();
+    assert!(cause.starts_with("trapped:") && cause.contains("adversary: panic on key b"), "{cause}");
+}
+
+#[test]
+fn under_skip_a_trapping_key_is_dropped_and_the_others_go_on() {
+    assert_eq!(one_key_traps(ErrorPolicy::Skip), Vec::<Value>::new(), "skip writes no dead letters");
+}
+
+#[test]
+fn under_fail_a_trap_stops_the_run_commits_nothing_and_a_rerun_with_skip_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    append(&input, &BATCH_1);
+    let after_1 = run_to_end(adversary_pipeline(dir.path(), ErrorPolicy::Fail));
+    append(&input, &BATCH_2);
+    let clock = Arc::new(ManualClock::new(NOW_MS));
+    let mut pipeline = Pipeline::open(adversary_pipeline(dir.path(), ErrorPolicy::Fail), clock).expect("open");
+    let error = pipeline.run(&mut |_| {}).expect_err("a trap under --on-error fail stops the run").to_string();
+    for needed in
+        ["batch 1", "plugin adversary 0.1.0", "key \"b\"", "adversary: panic on key b", "nothing of this batch"]
+    {
+        assert!(error.contains(needed), "{needed:?} missing from: {error}");
+    }
+    let checkpoint = pipeline.store().checkpoint().unwrap().expect("batch 1 committed");
+    assert_eq!(checkpoint.next_batch_id, 1, "batch 2 must not commit");
+    for key in ["a", "b", "c"] {
+        let value = pipeline.store().get(key).unwrap().and_then(|r| r.value).unwrap_or_default();
+        assert_eq!(value, after_1[key], "key {key} changed in a failed batch");
+    }
+    drop(pipeline);
+    assert_eq!(std::fs::read_to_string(dir.path().join("out.jsonl")).unwrap(), OUTPUTS_1, "no output of batch 2");
+
+    let after_rerun = run_to_end(adversary_pipeline(dir.path(), ErrorPolicy::Skip));
+    assert_eq!(std::fs::read_to_string(dir.path().join("out.jsonl")).unwrap(), format!("{OUTPUTS_1}{OUTPUTS_2}"));
+    let healthy = healthy_states();
+    assert_eq!((&after_rerun["a"], &after_rerun["c"]), (&healthy["a"], &healthy["c"]));
+    assert_eq!(after_rerun["b"], after_1["b"]);
+}
+
+// The command line: what a plugin prints, and plugins the host refuses.
+
+fn groupstate(args: &[&str]) -> (bool, String) {
+    let out = Command::new(groupstate_bin()).args(args).output().expect("run groupstate");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!stderr.contains("panicked"), "groupstate panicked: {stderr}");
+    assert!(out.status.code().is_some_and(|c| c == 0 || c == 1), "exit status {:?}: {stderr}", out.status);
+    (out.status.success(), stderr)
+}
+
+fn run_args(plugin: &str, dir: &str, cache: &str) -> Vec<String> {
+    let p = |name: &str| format!("{dir}/{name}");
+    ["run", "--plugin", plugin, "--input", &p("in.jsonl"), "--output", &p("out.jsonl"), "--state-dir", &p("state")]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(["--key-field", "k", "--cache-dir", cache, "--quiet", "--no-fsync"].map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn plugin_stdout_and_stderr_go_to_the_host_log_within_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    append(
+        &dir.path().join("in.jsonl"),
+        &[r#"{"k":"a","do":"print"}"#, r#"{"k":"b","do":"print","n":100000}"#, r#"{"k":"c","do":"log","n":2000}"#],
+    );
+    let (dir_s, cache) = (dir.path().display().to_string(), cache_dir().display().to_string());
+    let args = run_args(plugins::ADVERSARY, &dir_s, &cache);
+    let (ok, stderr) = groupstate(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("plugin adversary key=\"a\" stdout: hello on stdout from a\n"), "{stderr}");
+    assert!(stderr.contains("plugin adversary key=\"a\" stderr: hello on stderr from a\n"), "{stderr}");
+    // The output file holds only the plugin's outputs.
+    let outputs = std::fs::read_to_string(dir.path().join("out.jsonl")).unwrap();
+    assert_eq!(outputs, "{\"count\":1,\"key\":\"a\"}\n{\"count\":1,\"key\":\"b\"}\n{\"count\":1,\"key\":\"c\"}\n");
+
+    // Key b writes 2 × 23 bytes of greetings and 1000 lines of 100 bytes to stdout: the
+    // default 16 KiB budget keeps 16 384 bytes and drops and counts the rest.
+    // That is 163 whole lines of x and one cut after 38 (16 384 - 46 - 16 300).
+    let budget = 16 << 10;
+    let x_lines: Vec<usize> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("plugin adversary key=\"b\" stdout: x"))
+        .map(|rest| rest.len() + 1)
+        .collect();
+    assert_eq!(x_lines.len(), 164, "lines of x from key b: the budget was not applied");
+    assert_eq!((x_lines[0], x_lines[163]), (99, 38));
+    let dropped = 2 * 23 + 1000 * 100 - budget;
+    let b_summary = format!("plugin adversary key=\"b\": dropped 0 log messages and {dropped} bytes of stdout/stderr");
+    assert!(stderr.contains(&b_summary), "{b_summary:?} missing");
+
+    // Key c logs 2000 messages through the `log` interface, each costing its length
+    // plus one byte, from the same budget.
+    let mut used = 0;
+    let kept = (0..2000).take_while(|i| {
+        used += format!("message {i} for c").len() + 1;
+        used <= budget
+    });
+    let kept = kept.count();
+    let c_summary = format!("plugin adversary key=\"c\": dropped {} log messages and 0 bytes", 2000 - kept);
+    assert!(stderr.contains(&c_summary), "{c_summary:?} missing");
+    assert!(stderr.contains(&format!("plugin adversary key=\"c\" info: message {} for c\n", kept - 1)));
+    assert!(!stderr.contains(&format!("message {kept} for c")));
+}
+
+#[test]
+fn the_cli_refuses_bad_plugins_with_a_clear_error_and_no_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    append(&dir.path().join("in.jsonl"), &[r#"{"k":"a"}"#]);
+    let (garbage, core) = (dir.path().join("garbage.wasm"), dir.path().join("core.wasm"));
+    std::fs::write(&garbage, b"garbage").unwrap();
+    std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
+    let cache = cache_dir().display().to_string();
+    let cases = [
+        (garbage.display().to_string(), "not a WebAssembly file"),
+        (core.display().to_string(), "is a core WebAssembly module, not a component"),
+        (plugins::SOCKET_PROBE.to_owned(), "imports that the sandbox does not provide: wasi:sockets/"),
+    ];
+    for (i, (plugin, expected)) in cases.iter().enumerate() {
+        let case_dir = dir.path().join(i.to_string());
+        std::fs::create_dir(&case_dir).unwrap();
+        std::fs::copy(dir.path().join("in.jsonl"), case_dir.join("in.jsonl")).unwrap();
+        let args = run_args(plugin, case_dir.to_str().unwrap(), &cache);
+        let (ok, stderr) = groupstate(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(!ok && stderr.contains(expected), "{plugin}: expected {expected:?} in {stderr}");
+    }
+}
