@@ -10,6 +10,10 @@
 //!   timeout while N keys hold timers, and the recovery time (open + first batch) with
 //!   N keys in state.
 //!
+//! - `swap [--runs R]`: hot load of the counter test plugin, v1 -> v2 with a state
+//!   migration: the background load of v2 with the compile cache cold and warm, and the
+//!   pause at the batch boundary (the swap batch against the batches around it).
+//!
 //! Numbers on a shared 2-core machine are noisy: compare ratios from the same run.
 
 use std::collections::HashMap;
@@ -18,12 +22,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use groupstate::config::{PipelineConfig, Stream, TimeoutKind};
+use groupstate::config::TimeoutKind;
 use groupstate::plugin::{CallError, CallOutcome, CallRequest, PluginInfo, StagedValue};
 use groupstate::store::{Checkpoint, KeyChange, KeyRecord, Store};
 use groupstate::workload::{SensorSpec, generate_sensor};
 use groupstate::{Clock, Pipeline, StateFunction, SystemClock};
-use groupstate_tests::{cache_dir, plugins};
+use groupstate_tests::sensor_config;
 use serde::Deserialize;
 
 /// The same allocator as the `groupstate` binary.
@@ -53,11 +57,13 @@ fn main() {
                 flag("--keys", "10000,1000000").split(',').map(|k| k.parse().expect("--keys takes numbers")).collect();
             timers(&keys, num("--batches", 20) as usize);
         }
+        Some("swap") => swap(num("--runs", 5) as usize),
         // A child process of `throughput`: one run, one JSON line on stdout.
         Some("one") => one(&args[1], Path::new(&args[2]), num("--batch-events", 100_000) as usize),
         _ => {
             eprintln!("usage: bench throughput [--events N] [--sensors K] [--runs R] [--batch-events B]");
             eprintln!("       bench timers [--keys 10000,1000000] [--batches B]");
+            eprintln!("       bench swap [--runs R]");
             std::process::exit(2);
         }
     }
@@ -139,17 +145,9 @@ fn one(config: &str, input: &Path, batch_events: usize) {
         "floor" => (floor(input), groupstate::StageTimes::default()),
         "native" | "wasm" => {
             let dir = tempfile::tempdir().expect("tempdir");
-            let mut pc = PipelineConfig::new(
-                PathBuf::from(plugins::SENSOR_ALERTS),
-                Stream::File(input.to_owned()),
-                Stream::File(dir.path().join("out.jsonl")),
-                dir.path().join("state"),
-                "sensor_id".into(),
-            );
-            pc.time_field = Some("ts".into());
-            pc.timeout = TimeoutKind::EventTime;
+            let mut pc = sensor_config(input, dir.path());
             pc.batch_events_max = batch_events;
-            pc.cache_dir = Some(cache_dir());
+            pc.durable_commits = true;
             let clock: Arc<dyn Clock> = Arc::new(SystemClock);
             let mut pipeline = if config == "wasm" {
                 Pipeline::open(pc, clock)
@@ -338,18 +336,9 @@ fn timers(keys: &[u64], batches: usize) {
         let t = clock.monotonic_ns();
         prefill(&dir.path().join("state"), n);
         eprintln!("prefilled {n} keys in {:.1} s", (clock.monotonic_ns() - t) as f64 / 1e9);
-        let mut pc = PipelineConfig::new(
-            PathBuf::from(plugins::SENSOR_ALERTS),
-            Stream::File(input.clone()),
-            Stream::File(dir.path().join("out.jsonl")),
-            dir.path().join("state"),
-            "sensor_id".into(),
-        );
-        pc.time_field = Some("ts".into());
-        pc.timeout = TimeoutKind::EventTime;
+        let mut pc = sensor_config(&input, dir.path());
         pc.batch_events_max = per_batch;
         pc.durable_commits = std::env::var_os("BENCH_NO_FSYNC").is_none();
-        pc.cache_dir = Some(cache_dir());
         let started = clock.monotonic_ns();
         let mut pipeline = Pipeline::open(pc, Arc::new(SystemClock)).expect("open");
         let opened = clock.monotonic_ns();
@@ -375,4 +364,60 @@ fn timers(keys: &[u64], batches: usize) {
             medians[medians.len() - 1] / medians[0]
         );
     }
+}
+
+fn swap(runs: usize) {
+    use groupstate::Candidate;
+    use groupstate_tests::plugins;
+    let clock = SystemClock;
+    let ms = |from: u64| (clock.monotonic_ns() - from) as f64 / 1e6;
+    let (mut cold, mut warm, mut pause, mut normal) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let input = dir.path().join("in.jsonl");
+        let lines: String = (0..40_000).map(|i| format!("{{\"k\":\"k{}\"}}\n", i % 1000)).collect();
+        std::fs::write(&input, lines).expect("write input");
+        let mut pc = groupstate::PipelineConfig::new(
+            plugins::COUNTER_V1.into(),
+            groupstate::Stream::File(input),
+            groupstate::Stream::File(dir.path().join("out.jsonl")),
+            dir.path().join("state"),
+            "k".into(),
+        );
+        pc.batch_events_max = 4_000;
+        pc.cache_dir = Some(dir.path().join("cache"));
+        let mut pipeline = Pipeline::open(pc, Arc::new(SystemClock)).expect("open");
+        let runtime = pipeline.runtime().expect("wasm runtime");
+        let mut batch_ms = Vec::new();
+        for i in 0..10 {
+            if i == 5 {
+                // Off the processing path: what --watch or the admin endpoint does.
+                let t = clock.monotonic_ns();
+                drop(runtime.load(Path::new(plugins::COUNTER_V2), &[]).expect("load v2"));
+                cold.push(ms(t));
+                let t = clock.monotonic_ns();
+                let v2 = runtime.load(Path::new(plugins::COUNTER_V2), &[]).expect("load v2");
+                warm.push(ms(t));
+                pipeline.swap_sender().send(Candidate { plugin: Box::new(v2), origin: "bench".into() }).expect("send");
+            }
+            let t = clock.monotonic_ns();
+            pipeline.next_batch().expect("batch").expect("a batch");
+            batch_ms.push(ms(t));
+        }
+        pause.push(batch_ms[5]);
+        normal.push(median([&batch_ms[..5], &batch_ms[6..]].concat()));
+    }
+    println!(
+        "\nhot load, counter v1 -> v2 (state schema 1 -> 2), 1000 keys, batches of 4000 events, medians of {runs}"
+    );
+    println!(
+        "load v2 off the processing path: {:.1} ms with a cold compile cache, {:.1} ms warm",
+        median(cold),
+        median(warm)
+    );
+    println!(
+        "swap batch {:.2} ms vs other batches {:.2} ms (the swap batch also migrates 1000 keys lazily)",
+        median(pause),
+        median(normal)
+    );
 }
