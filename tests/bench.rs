@@ -296,10 +296,13 @@ fn prefill(dir: &Path, keys: u64) {
     let store = Store::open(&dir.join("store"), 64 << 20).expect("open store");
     let mut changes = Vec::with_capacity(100_000);
     let mut checkpoint = Checkpoint::default();
+    let timers = std::env::var_os("BENCH_IDLE_WITHOUT_TIMERS").is_none();
     for i in 0..keys {
         let record = KeyRecord {
             value: Some(Episode::default().encode()),
-            timeout_ms: Some(4_000_000_000_000 + i as i64),
+            // BENCH_IDLE_WITHOUT_TIMERS=1 separates the cost of a bigger store from the
+            // cost of more timers.
+            timeout_ms: timers.then_some(4_000_000_000_000 + i as i64),
             schema_version: 1,
         };
         changes.push(KeyChange { key: format!("idle-{i:08}"), before: None, after: Some(record) });
