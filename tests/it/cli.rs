@@ -15,6 +15,34 @@ pub fn groupstate_bin() -> PathBuf {
     bin
 }
 
+/// `groupstate run` of the sensor plugin, with the CLI contract's flags and the tests'
+/// compile cache; callers add more.
+pub fn sensor_run_args(input: &str, output: &str, state_dir: &str) -> Vec<String> {
+    let cache = groupstate_tests::cache_dir().display().to_string();
+    [
+        "run",
+        "--plugin",
+        plugins::SENSOR_ALERTS,
+        "--input",
+        input,
+        "--output",
+        output,
+        "--state-dir",
+        state_dir,
+        "--key-field",
+        "sensor_id",
+        "--time-field",
+        "ts",
+        "--timeout",
+        "event-time",
+        "--cache-dir",
+        &cache,
+        "--quiet",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 fn groupstate(args: &[&str]) -> std::process::Output {
     Command::new(groupstate_bin()).args(args).output().expect("run groupstate")
 }
@@ -27,31 +55,9 @@ fn gen_and_run_through_the_cli_match_the_oracle() {
     let generated =
         groupstate(&["gen", "sensor", "--events", "100000", "--sensors", "1000", "--seed", "5", "--output", &input]);
     assert!(generated.status.success(), "{}", String::from_utf8_lossy(&generated.stderr));
-    let cache = groupstate_tests::cache_dir().display().to_string();
-    let args = [
-        "run",
-        "--plugin",
-        plugins::SENSOR_ALERTS,
-        "--input",
-        &input,
-        "--output",
-        &output,
-        "--state-dir",
-        &state_dir,
-        "--key-field",
-        "sensor_id",
-        "--time-field",
-        "ts",
-        "--timeout",
-        "event-time",
-        "--watermark-delay-ms",
-        "0",
-        "--batch-events",
-        "10000",
-        "--cache-dir",
-        &cache,
-        "--quiet",
-    ];
+    let mut args = sensor_run_args(&input, &output, &state_dir);
+    args.extend(["--watermark-delay-ms", "0", "--batch-events", "10000"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let run = groupstate(&args);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stderr}");

@@ -11,40 +11,18 @@ use std::time::Duration;
 use groupstate::Clock;
 use groupstate::store::Store;
 use groupstate::workload::Rng;
-use groupstate_tests::{assert_same_alerts, cache_dir, oracle, parse_alerts, plugins, sensor_input};
+use groupstate_tests::{assert_same_alerts, oracle, parse_alerts, sensor_input};
 
-use crate::cli::groupstate_bin;
+use crate::cli::{groupstate_bin, sensor_run_args};
 
 /// Kills before the run is allowed to finish.
 const KILLS: u32 = 25;
 
 fn run_args(input: &Path, dir: &Path) -> Vec<String> {
     let p = |name: &str| dir.join(name).display().to_string();
-    [
-        "run",
-        "--plugin",
-        plugins::SENSOR_ALERTS,
-        "--input",
-        &input.display().to_string(),
-        "--output",
-        &p("out.jsonl"),
-        "--state-dir",
-        &p("state"),
-        "--key-field",
-        "sensor_id",
-        "--time-field",
-        "ts",
-        "--timeout",
-        "event-time",
-        "--batch-events",
-        "5000",
-        "--cache-dir",
-        &cache_dir().display().to_string(),
-        "--quiet",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect()
+    let mut args = sensor_run_args(&input.display().to_string(), &p("out.jsonl"), &p("state"));
+    args.extend(["--batch-events", "5000"].map(String::from));
+    args
 }
 
 fn seed() -> u64 {

@@ -146,6 +146,18 @@ fn fifty_swaps_under_load_lose_nothing() {
     assert_eq!(status.last_refusal, None);
 }
 
+/// The admin endpoint's view of the harness's pipeline.
+fn admin(h: &Harness, token: Option<&str>) -> groupstate::admin::Admin {
+    groupstate::admin::Admin {
+        runtime: h.pipeline.runtime().unwrap(),
+        params: Vec::new(),
+        upload_dir: h.dir.path().join("uploads"),
+        sender: h.pipeline.swap_sender(),
+        status: h.pipeline.plugin_status(),
+        token: token.map(str::to_owned),
+    }
+}
+
 fn http(addr: std::net::SocketAddr, request: &[u8]) -> (u16, serde_json::Value) {
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     stream.write_all(request).unwrap();
@@ -159,15 +171,7 @@ fn http(addr: std::net::SocketAddr, request: &[u8]) -> (u16, serde_json::Value) 
 #[test]
 fn admin_endpoint_accepts_a_version_and_reports_the_running_one() {
     let mut h = Harness::new(plugins::COUNTER_V1);
-    let admin = groupstate::admin::Admin {
-        runtime: h.pipeline.runtime().unwrap(),
-        params: Vec::new(),
-        upload_dir: h.dir.path().join("uploads"),
-        sender: h.pipeline.swap_sender(),
-        status: h.pipeline.plugin_status(),
-        token: Some("s3cret".into()),
-    };
-    let addr = groupstate::admin::serve("127.0.0.1:0".parse().unwrap(), admin).unwrap();
+    let addr = groupstate::admin::serve("127.0.0.1:0".parse().unwrap(), admin(&h, Some("s3cret"))).unwrap();
     let wasm = std::fs::read(plugins::COUNTER_V2).unwrap();
     let post = |token: &str, body: &[u8]| {
         let mut req =
@@ -191,15 +195,7 @@ fn admin_endpoint_accepts_a_version_and_reports_the_running_one() {
     assert!(body["running"].as_str().unwrap().contains("counter 2.0.0"), "{body}");
     assert_eq!(body["swaps"][0]["batch"], 0);
     // A non-loopback address without a token is refused.
-    let admin = groupstate::admin::Admin {
-        runtime: h.pipeline.runtime().unwrap(),
-        params: Vec::new(),
-        upload_dir: h.dir.path().join("uploads"),
-        sender: h.pipeline.swap_sender(),
-        status: h.pipeline.plugin_status(),
-        token: None,
-    };
-    let err = groupstate::admin::serve("0.0.0.0:0".parse().unwrap(), admin).unwrap_err().to_string();
+    let err = groupstate::admin::serve("0.0.0.0:0".parse().unwrap(), admin(&h, None)).unwrap_err().to_string();
     assert!(err.contains("needs --admin-token"), "{err}");
 }
 
