@@ -416,9 +416,11 @@ impl Pipeline {
                     batches += 1;
                     on_batch(&report);
                 }
-                None if self.config.follow && !self.source.is_closed() => {
-                    self.clock.sleep_ms(self.config.trigger_interval_ms);
-                }
+                None if self.source.is_closed() => break,
+                // Stdin is read until it closes; the read already waited one trigger
+                // interval, and the empty batches that fire timeouts ran meanwhile.
+                None if !self.source.is_seekable() => {}
+                None if self.config.follow => self.clock.sleep_ms(self.config.trigger_interval_ms),
                 None => break,
             }
         }
@@ -813,7 +815,11 @@ fn check_identity(store: &Store, config: &PipelineConfig) -> Result<(), Error> {
         key_field: config.key_field.clone(),
         time_field: config.time_field.clone(),
         timeout: config.timeout.as_str().to_owned(),
-        input: config.input.to_string(),
+        // The same file named by another path is the same input.
+        input: match &config.input {
+            Stream::File(p) => std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()).display().to_string(),
+            Stream::Std => "-".to_owned(),
+        },
     };
     match store.pipeline_identity()? {
         None => store.set_pipeline_identity(&given)?,

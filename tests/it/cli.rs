@@ -127,3 +127,72 @@ fn bad_invocations_fail_with_clear_messages() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+#[test]
+fn a_toml_pipeline_file_runs_with_paths_relative_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    groupstate_tests::sensor_input(dir.path(), 20_000, 200, 9);
+    std::fs::rename(dir.path().join("sensor-20000-200-9.jsonl"), &input).unwrap();
+    let toml = format!(
+        r#"plugin = {plugin:?}
+input = "in.jsonl"
+output = "out/alerts.jsonl"
+state_dir = "state"
+key_field = "sensor_id"
+time_field = "ts"
+timeout = "event-time"
+batch_events_max = 3000
+params = [["window_ms", "60000"]]
+
+[limits]
+call_cpu_ms_max = 500
+"#,
+        plugin = plugins::SENSOR_ALERTS
+    );
+    std::fs::write(dir.path().join("pipeline.toml"), toml).unwrap();
+    // Run from another directory: the paths in the file are relative to the file.
+    let out = Command::new(groupstate_bin())
+        .args(["run", "--config", "pipeline.toml", "--no-cache", "--quiet"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let want = oracle::sensor_alerts(&input);
+    assert_same_alerts(&parse_alerts(&dir.path().join("out").join("alerts.jsonl")), &want);
+
+    // An unknown key is an error that names it.
+    std::fs::write(dir.path().join("bad.toml"), "plugin = \"p.wasm\"\nbatch_size = 5\n").unwrap();
+    let out = groupstate(&["run", "--config", &dir.path().join("bad.toml").display().to_string()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("batch_size"), "{stderr}");
+}
+
+#[test]
+fn stdin_is_read_until_it_closes_even_across_pauses() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = groupstate_tests::sensor_input(dir.path(), 20_000, 300, 4);
+    let text = std::fs::read(&input).unwrap();
+    let (output, state_dir) = (dir.path().join("out.jsonl"), dir.path().join("state"));
+    let mut args = sensor_run_args("-", &output.display().to_string(), &state_dir.display().to_string());
+    args.extend(["--trigger-interval-ms", "50", "--batch-events", "4000"].map(String::from));
+    let mut child = Command::new(groupstate_bin())
+        .args(&args)
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let half = text.len() / 2;
+    let cut = half + text[half..].iter().position(|&b| b == b'\n').unwrap() + 1;
+    std::io::Write::write_all(&mut stdin, &text[..cut]).unwrap();
+    // A pause longer than several trigger intervals: the run must wait, not end.
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    std::io::Write::write_all(&mut stdin, &text[cut..]).unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("20000 records"), "{stderr}");
+    assert_same_alerts(&parse_alerts(&output), &oracle::sensor_alerts(&input));
+}
