@@ -1,7 +1,7 @@
 //! The benchmark (issue 8's figures, WORKLOAD.md's workload). Run it with
 //! `cargo run --release -p groupstate-tests --bin bench -- <scenario> [options]`:
 //!
-//! - `throughput [--events N] [--sensors K] [--runs R] [--batch-events B]`: the sensor
+//! - `throughput [--events N] [--sensors K] [--runs R] [--batch-events B] [--configs floor,native,wasm]`: the sensor
 //!   workload end to end with state in sled committed (fsync) every batch, three ways on
 //!   the same input: the wasm plugin, the same logic as a native Rust function inside the
 //!   host (what the sandbox costs), and a plain in-memory loop over the file (the floor).
@@ -51,6 +51,7 @@ fn main() {
             num("--sensors", 10_000) as u32,
             num("--runs", 3) as usize,
             num("--batch-events", 100_000) as usize,
+            &flag("--configs", "floor,native,wasm").split(',').collect::<Vec<_>>(),
         ),
         Some("timers") => {
             let keys: Vec<u64> =
@@ -61,7 +62,9 @@ fn main() {
         // A child process of `throughput`: one run, one JSON line on stdout.
         Some("one") => one(&args[1], Path::new(&args[2]), num("--batch-events", 100_000) as usize),
         _ => {
-            eprintln!("usage: bench throughput [--events N] [--sensors K] [--runs R] [--batch-events B]");
+            eprintln!(
+                "usage: bench throughput [--events N] [--sensors K] [--runs R] [--batch-events B] [--configs floor,native,wasm]"
+            );
             eprintln!("       bench timers [--keys 10000,1000000] [--batches B]");
             eprintln!("       bench swap [--runs R]");
             std::process::exit(2);
@@ -80,7 +83,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn throughput(events: u64, sensors: u32, runs: usize, batch_events: usize) {
+fn throughput(events: u64, sensors: u32, runs: usize, batch_events: usize, configs: &[&str]) {
     let input = data_dir().join(format!("sensor-{events}-{sensors}.jsonl"));
     if !input.exists() {
         eprintln!("generating {}", input.display());
@@ -92,7 +95,7 @@ fn throughput(events: u64, sensors: u32, runs: usize, batch_events: usize) {
     let mut results: HashMap<&str, Vec<serde_json::Value>> = HashMap::new();
     // Interleaved, so that machine noise hits every configuration alike.
     for run in 0..runs {
-        for config in ["floor", "native", "wasm"] {
+        for &config in configs {
             let out = Command::new(&exe)
                 .args(["one", config, &input.display().to_string(), "--batch-events", &batch_events.to_string()])
                 .output()
@@ -110,8 +113,8 @@ fn throughput(events: u64, sensors: u32, runs: usize, batch_events: usize) {
         "{:<8} {:>12} {:>10} {:>10} | {:>8} {:>8} {:>8} {:>8} {:>8} (ms)",
         "config", "events/s", "vs native", "peak MiB", "read", "decode", "load", "plugin", "commit"
     );
-    let native = med("native", "events_per_s");
-    for config in ["floor", "native", "wasm"] {
+    let native = if configs.contains(&"native") { med("native", "events_per_s") } else { f64::NAN };
+    for &config in configs {
         let eps = med(config, "events_per_s");
         println!(
             "{:<8} {:>12.0} {:>9.2}x {:>10.1} | {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>8.0}",
