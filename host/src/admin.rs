@@ -24,6 +24,9 @@ use crate::plugin::Runtime;
 const HEAD_BYTES_MAX: usize = 16 << 10;
 /// Uploaded component size limit.
 const BODY_BYTES_MAX: usize = 64 << 20;
+/// Uploaded files kept; older ones are deleted (a loaded plugin no longer needs its
+/// file, and the compile cache keeps what a swap back needs).
+const UPLOADS_KEPT: usize = 8;
 /// Time a client gets to send its request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -204,6 +207,7 @@ fn upload(bytes: &[u8], admin: &Admin) -> (u16, serde_json::Value) {
     if let Err(e) = written {
         return (503, serde_json::json!({ "error": format!("cannot store the upload: {e}") }));
     }
+    prune_uploads(&admin.upload_dir);
     let plugin = match admin.runtime.load(&path, &admin.params) {
         Ok(p) => p,
         Err(e) => return (422, serde_json::json!({ "error": e.to_string() })),
@@ -220,5 +224,21 @@ fn upload(bytes: &[u8], admin: &Admin) -> (u16, serde_json::Value) {
             }),
         ),
         Err(e) => (503, serde_json::json!({ "error": e })),
+    }
+}
+
+/// Deletes all but the newest `UPLOADS_KEPT` uploads. Best effort: a file that cannot be
+/// listed or removed stays.
+fn prune_uploads(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let mut uploads: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("upload-"))
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    uploads.sort();
+    let excess = uploads.len().saturating_sub(UPLOADS_KEPT);
+    for (_, path) in uploads.into_iter().take(excess) {
+        let _ = std::fs::remove_file(path);
     }
 }

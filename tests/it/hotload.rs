@@ -184,6 +184,11 @@ fn admin_endpoint_accepts_a_version_and_reports_the_running_one() {
     let (status, body) = post("s3cret", b"garbage");
     assert_eq!(status, 422, "{body}");
     assert!(body["error"].as_str().unwrap().contains("not a WebAssembly file"));
+    // Uploads do not pile up: only the newest 8 files are kept.
+    for i in 0..12 {
+        assert_eq!(post("s3cret", format!("garbage {i}").as_bytes()).0, 422);
+    }
+    assert_eq!(std::fs::read_dir(h.dir.path().join("uploads")).unwrap().count(), 8);
     let (status, body) = post("s3cret", &wasm);
     assert_eq!(status, 202, "{body}");
     assert_eq!(body["queued"]["version"], "2.0.0");
