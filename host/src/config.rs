@@ -181,6 +181,12 @@ pub struct PipelineConfig {
     /// Records per micro-batch at most (default 100 000).
     #[serde(default = "default_batch_events")]
     pub batch_events_max: usize,
+    /// Distinct keys per micro-batch at most (default 20 000): a batch ends before the
+    /// record that would bring one more. It bounds the size of a commit, and with it
+    /// sled's memory, when nearly every record has a key of its own. Stdin batches are
+    /// bounded by records only.
+    #[serde(default = "default_batch_keys")]
+    pub batch_keys_max: usize,
     /// What to do when a plugin call fails.
     #[serde(default)]
     pub on_error: ErrorPolicy,
@@ -217,6 +223,9 @@ pub struct PipelineConfig {
 fn default_batch_events() -> usize {
     100_000
 }
+fn default_batch_keys() -> usize {
+    20_000
+}
 fn default_trigger_interval() -> u64 {
     1000
 }
@@ -243,6 +252,7 @@ impl PipelineConfig {
             timeout: TimeoutKind::None,
             watermark_delay_ms: 0,
             batch_events_max: default_batch_events(),
+            batch_keys_max: default_batch_keys(),
             on_error: ErrorPolicy::Fail,
             dead_letter: None,
             late: None,
@@ -300,8 +310,8 @@ impl PipelineConfig {
         if self.watermark_delay_ms < 0 {
             return Err(ConfigError("--watermark-delay-ms must be 0 or more".into()));
         }
-        if self.batch_events_max == 0 {
-            return Err(ConfigError("--batch-events must be at least 1".into()));
+        if self.batch_events_max == 0 || self.batch_keys_max == 0 {
+            return Err(ConfigError("--batch-events and --batch-keys must be at least 1".into()));
         }
         if self.trigger_interval_ms == 0 {
             return Err(ConfigError("--trigger-interval-ms must be at least 1".into()));

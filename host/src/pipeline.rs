@@ -467,7 +467,7 @@ impl Pipeline {
                     return Err(SourceError::Changed { planned: plan.end_offset, read: self.source.offset() }.into());
                 }
                 self.stages.read_ns += self.since(started);
-                return self.run_plan(&plan, lines, true).map(Some);
+                return self.run_plan(plan, lines, true).map(Some);
             }
             eprintln!(
                 "groupstate: warning: batch {batch_id} was planned from stdin and cannot be re-read; planning anew"
@@ -487,9 +487,8 @@ impl Pipeline {
             processing_time_ms,
             watermark_ms,
         };
-        self.store.write_plan(&plan)?;
         self.stages.read_ns += self.since(started);
-        self.run_plan(&plan, lines, false).map(Some)
+        self.run_plan(plan, lines, false).map(Some)
     }
 
     /// Monotonic nanoseconds since `start`.
@@ -520,11 +519,13 @@ impl Pipeline {
         }
     }
 
-    fn run_plan(&mut self, plan: &BatchPlan, lines: Vec<Line>, replayed: bool) -> Result<BatchReport, Error> {
+    /// Runs a batch: a replayed plan as it is; a new one is first cut at
+    /// `batch_keys_max` distinct keys and written to the store before any plugin call.
+    fn run_plan(&mut self, plan: BatchPlan, lines: Vec<Line>, replayed: bool) -> Result<BatchReport, Error> {
         let mut batch = Batch::new(plan, self.checkpoint.counters);
-        let result = self.process(&mut batch, lines).and_then(|()| {
+        let result = self.plan_and_process(&mut batch, lines, replayed).and_then(|()| {
             let started = self.clock.monotonic_ns();
-            let committed = self.commit(plan, &mut batch);
+            let committed = self.commit(&mut batch);
             self.stages.commit_ns += self.since(started);
             committed
         });
@@ -538,19 +539,35 @@ impl Pipeline {
             return Err(e);
         }
         Ok(BatchReport {
-            batch_id: plan.batch_id,
+            batch_id: batch.plan.batch_id,
             records: batch.records,
             keys: batch.data_keys,
             timeouts: batch.timeout_keys,
             replayed,
-            watermark_ms: plan.watermark_ms,
+            watermark_ms: batch.plan.watermark_ms,
         })
     }
 
-    fn process(&mut self, batch: &mut Batch, lines: Vec<Line>) -> Result<(), Error> {
+    fn plan_and_process(&mut self, batch: &mut Batch, lines: Vec<Line>, replayed: bool) -> Result<(), Error> {
         let started = self.clock.monotonic_ns();
-        let groups = self.group(batch, lines)?;
+        // A replayed plan holds exactly its records; stdin cannot give back the lines
+        // after a cut, so its batches are bounded by records only.
+        let keys_max = if replayed || !self.source.is_seekable() { usize::MAX } else { self.config.batch_keys_max };
+        let (groups, cut) = self.group(batch, lines, keys_max)?;
+        if let Some(offset) = cut {
+            self.source.rewind_to(offset)?;
+            batch.plan.end_offset = offset;
+        }
+        if !replayed {
+            // Decoding and grouping had no effect that a restart keeps (the sinks are
+            // cut back to their committed length): the plan still comes first.
+            self.store.write_plan(&batch.plan)?;
+        }
         self.stages.decode_group_ns += self.since(started);
+        self.process(batch, groups)
+    }
+
+    fn process(&mut self, batch: &mut Batch, groups: Groups) -> Result<(), Error> {
         batch.data_keys = groups.len() as u64;
         for (key, events) in &groups {
             self.call_key(batch, key, events, None)?;
@@ -571,9 +588,11 @@ impl Pipeline {
 
     /// Decodes the lines and groups the good ones by key, keys in order of first
     /// appearance and events in arrival order; late and bad lines go to their sinks.
-    fn group(&mut self, batch: &mut Batch, lines: Vec<Line>) -> Result<Vec<(String, Vec<Event>)>, Error> {
+    /// Decodes the lines and groups the good ones by key. Stops before the record that
+    /// would bring a `keys_max + 1`th key, returning its offset (where the batch ends).
+    fn group(&mut self, batch: &mut Batch, lines: Vec<Line>, keys_max: usize) -> Result<(Groups, Option<u64>), Error> {
         let mut index: HashMap<String, usize> = HashMap::new();
-        let mut groups: Vec<(String, Vec<Event>)> = Vec::new();
+        let mut groups: Groups = Vec::new();
         for line in lines {
             batch.records += 1;
             batch.counters.records += 1;
@@ -591,29 +610,37 @@ impl Pipeline {
                     continue;
                 }
             };
-            if let Some(t) = decoded.event_time_ms {
-                if t < batch.plan.watermark_ms {
-                    batch.counters.late += 1;
-                    let late = format!(
-                        "{{\"offset\":{},\"event_time_ms\":{t},\"watermark_ms\":{},\"record\":{}}}",
-                        line.offset, batch.plan.watermark_ms, text
-                    );
-                    self.late.push_line(&late)?;
-                    continue;
-                }
-                batch.max_event_time_ms = Some(batch.max_event_time_ms.map_or(t, |m| m.max(t)));
+            if let Some(t) = decoded.event_time_ms
+                && t < batch.plan.watermark_ms
+            {
+                batch.counters.late += 1;
+                let late = format!(
+                    "{{\"offset\":{},\"event_time_ms\":{t},\"watermark_ms\":{},\"record\":{}}}",
+                    line.offset, batch.plan.watermark_ms, text
+                );
+                self.late.push_line(&late)?;
+                continue;
             }
-            batch.counters.events += 1;
             let event = Event { event_time_ms: decoded.event_time_ms, payload: text };
             match index.get(&decoded.key) {
                 Some(&i) => groups[i].1.push(event),
+                None if groups.len() == keys_max => {
+                    // This record starts the next batch: take back what it was counted as.
+                    batch.records -= 1;
+                    batch.counters.records -= 1;
+                    return Ok((groups, Some(line.offset)));
+                }
                 None => {
                     index.insert(decoded.key.clone(), groups.len());
                     groups.push((decoded.key, vec![event]));
                 }
             }
+            batch.counters.events += 1;
+            if let Some(t) = decoded.event_time_ms {
+                batch.max_event_time_ms = Some(batch.max_event_time_ms.map_or(t, |m| m.max(t)));
+            }
         }
-        Ok(groups)
+        Ok((groups, None))
     }
 
     fn bad_record(&mut self, batch: &mut Batch, offset: u64, reason: &str, line: Option<&str>) -> Result<(), Error> {
@@ -750,7 +777,8 @@ impl Pipeline {
         Ok(())
     }
 
-    fn commit(&mut self, plan: &BatchPlan, batch: &mut Batch) -> Result<(), Error> {
+    fn commit(&mut self, batch: &mut Batch) -> Result<(), Error> {
+        let plan = &batch.plan;
         let durable = self.config.durable_commits;
         let mut next = Checkpoint {
             next_batch_id: plan.batch_id + 1,
@@ -776,9 +804,13 @@ impl Pipeline {
     }
 }
 
+/// A batch's records grouped by key: keys in order of first appearance, events in
+/// arrival order.
+type Groups = Vec<(String, Vec<Event>)>;
+
 /// The working set of one batch.
-struct Batch<'a> {
-    plan: &'a BatchPlan,
+struct Batch {
+    plan: BatchPlan,
     counters: Counters,
     changes: Vec<KeyChange>,
     max_event_time_ms: Option<i64>,
@@ -787,8 +819,8 @@ struct Batch<'a> {
     timeout_keys: u64,
 }
 
-impl<'a> Batch<'a> {
-    fn new(plan: &'a BatchPlan, counters: Counters) -> Self {
+impl Batch {
+    fn new(plan: BatchPlan, counters: Counters) -> Self {
         Self { plan, counters, changes: Vec::new(), max_event_time_ms: None, records: 0, data_keys: 0, timeout_keys: 0 }
     }
 }

@@ -85,3 +85,31 @@ fn state_dir_refuses_another_pipeline() {
     let err = Pipeline::open(other, clock).unwrap_err().to_string();
     assert!(err.contains("was created for") && err.contains("--key-field sensor_id"), "{err}");
 }
+
+#[test]
+fn batches_cut_at_the_key_limit_replay_and_resume_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = sensor_input(dir.path(), 30_000, 2_000, 31);
+    let want = oracle::sensor_alerts(&input);
+
+    let whole = dir.path().join("whole");
+    run(sensor_config(&input, &whole), NOW_MS);
+
+    let cut = dir.path().join("cut");
+    let mut config = sensor_config(&input, &cut);
+    config.batch_keys_max = 300;
+    config.batches_max = Some(7);
+    let clock = std::sync::Arc::new(groupstate::ManualClock::new(NOW_MS));
+    let mut pipeline = Pipeline::open(config.clone(), clock).unwrap();
+    let mut keys = Vec::new();
+    pipeline.run(&mut |b| keys.push(b.keys)).unwrap();
+    drop(pipeline);
+    config.batches_max = None;
+    let rest = run(config, NOW_MS + 1);
+    assert_eq!(keys.len(), 7);
+    assert!(keys.iter().all(|&k| k == 300), "every full batch stops at 300 keys: {keys:?}");
+    assert!(rest.batches > 50, "30k records over 2000 keys need many 300-key batches, got {}", rest.batches);
+    assert_eq!(rest.total.records, 30_000);
+    assert_eq!(sorted_lines(&cut.join("out.jsonl")), sorted_lines(&whole.join("out.jsonl")));
+    assert_same_alerts(&parse_alerts(&cut.join("out.jsonl")), &want);
+}

@@ -94,6 +94,9 @@ struct RunArgs {
     /// Records per micro-batch at most [default: 100000].
     #[arg(long)]
     batch_events: Option<usize>,
+    /// Distinct keys per micro-batch at most [default: 20000].
+    #[arg(long)]
+    batch_keys: Option<usize>,
     /// On a failed plugin call: fail, skip or dead-letter [default: fail].
     #[arg(long)]
     on_error: Option<ErrorPolicy>,
@@ -229,6 +232,9 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
     }
     if let Some(n) = args.batch_events {
         config.batch_events_max = n;
+    }
+    if let Some(n) = args.batch_keys {
+        config.batch_keys_max = n;
     }
     if let Some(p) = args.on_error {
         config.on_error = p;
