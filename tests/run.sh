@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, host unit tests, SDK unit tests and the
 # end-to-end tests (which build every plugin to a wasm32-wasip2 component first).
+# It starts by installing what is missing (tests/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-rustup target list --installed | grep -q wasm32-wasip2 || rustup target add wasm32-wasip2
+echo "== setup (installs only what is missing)"
+./tests/setup.sh
 echo "== fmt"
 cargo fmt --all -- --check
 cargo fmt --manifest-path guest-sdk/Cargo.toml -- --check

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs and a fresh Debian machine lacks; quick and quiet
+# when everything is there. Called by tests/run.sh and .ci/run. apt-get needs root (or
+# sudo); the rest installs for the current user.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
+rustup component list --installed | grep -q '^clippy' || rustup component add clippy
+rustup component list --installed | grep -q '^rustfmt' || rustup component add rustfmt
+# Toolchains of the plugins in other languages (plugins/sensor-alerts-{py,js,c}), which
+# tests/build.rs builds.
+if ! dpkg -s clang-14 lld-14 wasi-libc libclang-rt-14-dev-wasm32 >/dev/null 2>&1; then
+  sudo_if_needed=""
+  [ "$(id -u)" -eq 0 ] || sudo_if_needed="sudo"
+  $sudo_if_needed apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_if_needed apt-get install -y -qq --no-install-recommends \
+    clang-14 lld-14 wasi-libc libclang-rt-14-dev-wasm32 >/dev/null
+fi
+if ! componentize-py --version 2>/dev/null | grep -q '0\.25\.1'; then
+  pip install --quiet --disable-pip-version-check --root-user-action=ignore componentize-py==0.25.1
+fi
+js=plugins/sensor-alerts-js
+if [ ! -f "$js/node_modules/.package-lock.json" ] || [ "$js/package-lock.json" -nt "$js/node_modules/.package-lock.json" ]; then
+  npm ci --prefix "$js" --no-audit --no-fund --loglevel=error
+fi
+if ! wit-bindgen --version 2>/dev/null | grep -qx 'wit-bindgen-cli 0.61.1'; then
+  cargo install --quiet --locked wit-bindgen-cli@0.61.1 --no-default-features --features c
+fi
