@@ -1,6 +1,7 @@
 //! Encoding of the host's own records (checkpoints, batch plans, per-key records) with
-//! bincode 2. bincode is pinned (`=2.0.1`: its 3.0 release is an empty tombstone) and
-//! used nowhere else, so replacing it touches this module only.
+//! bincode 2, and of opaque bytes as hex text. bincode is pinned (`=2.0.1`: its 3.0
+//! release is an empty tombstone) and used nowhere else, so replacing it touches this
+//! module only.
 
 use bincode::config::{Configuration, Fixint, LittleEndian};
 use bincode::{Decode, Encode};
@@ -27,7 +28,7 @@ pub struct DecodeError {
 }
 
 /// Encodes `value`; encoding plain host records into a `Vec` cannot fail.
-pub fn encode<T: Encode>(value: &T) -> Vec<u8> {
+pub(crate) fn encode<T: Encode>(value: &T) -> Vec<u8> {
     match bincode::encode_to_vec(value, CONFIG) {
         Ok(bytes) => bytes,
         // Our record types contain only integers, byte vectors and strings: bincode
@@ -37,7 +38,7 @@ pub fn encode<T: Encode>(value: &T) -> Vec<u8> {
 }
 
 /// Decodes a `what` record, refusing trailing bytes.
-pub fn decode<T: Decode<()>>(what: &'static str, bytes: &[u8]) -> Result<T, DecodeError> {
+pub(crate) fn decode<T: Decode<()>>(what: &'static str, bytes: &[u8]) -> Result<T, DecodeError> {
     let config = CONFIG.with_limit::<RECORD_BYTES_MAX>();
     let (value, read) = bincode::decode_from_slice(bytes, config).map_err(|source| DecodeError { what, source })?;
     if read != bytes.len() {
@@ -47,6 +48,11 @@ pub fn decode<T: Decode<()>>(what: &'static str, bytes: &[u8]) -> Result<T, Deco
         });
     }
     Ok(value)
+}
+
+/// Lowercase hex of `bytes`: how opaque bytes (state values, digests) are shown as text.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

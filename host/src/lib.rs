@@ -6,7 +6,7 @@
 
 pub mod admin;
 pub mod clock;
-mod codec;
+pub mod codec;
 pub mod config;
 pub mod decode;
 pub mod pipeline;

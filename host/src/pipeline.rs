@@ -753,7 +753,7 @@ impl Pipeline {
         }
         batch.counters.failed_calls += 1;
         if self.config.on_error == ErrorPolicy::DeadLetter {
-            let state_before_hex = before.as_ref().and_then(|r| r.value.as_deref()).map(hex);
+            let state_before_hex = before.as_ref().and_then(|r| r.value.as_deref()).map(crate::codec::hex);
             let entry = serde_json::json!({
                 "kind": "plugin-error",
                 "batch": batch.plan.batch_id,
@@ -823,10 +823,6 @@ impl Batch {
     fn new(plan: BatchPlan, counters: Counters) -> Self {
         Self { plan, counters, changes: Vec::new(), max_event_time_ms: None, records: 0, data_keys: 0, timeout_keys: 0 }
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn counters_since(now: &Counters, start: &Counters) -> Counters {

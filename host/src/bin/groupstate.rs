@@ -404,11 +404,10 @@ fn state(args: &StateArgs) -> Result<()> {
     let store = Store::open(&store_dir, 16 << 20)?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
     let key_json = |key: &str, r: &groupstate::store::KeyRecord| {
         serde_json::json!({
             "key": key,
-            "value_hex": r.value.as_deref().map(hex),
+            "value_hex": r.value.as_deref().map(groupstate::codec::hex),
             "value_bytes": r.value.as_ref().map(Vec::len),
             "timeout_ms": r.timeout_ms,
             "schema_version": r.schema_version,

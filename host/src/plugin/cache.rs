@@ -17,8 +17,7 @@ pub(super) struct Cache {
 
 /// The hex sha256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    let digest = Sha256::digest(bytes);
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    crate::codec::hex(&Sha256::digest(bytes))
 }
 
 impl Cache {
