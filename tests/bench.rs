@@ -175,6 +175,7 @@ fn one(config: &str, input: &Path, batch_events: usize) {
             "peak_rss_kib": peak_rss_kib(),
             "read_ms": ms(stages.read_ns),
             "decode_group_ms": ms(stages.decode_group_ns),
+            "input_wait_ms": ms(stages.input_wait_ns),
             "state_load_ms": ms(stages.state_load_ns),
             "plugin_ms": ms(stages.plugin_ns),
             "commit_ms": ms(stages.commit_ns),

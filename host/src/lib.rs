@@ -11,6 +11,7 @@ pub mod config;
 pub mod decode;
 pub mod pipeline;
 pub mod plugin;
+mod prepare;
 pub mod reload;
 pub mod sink;
 pub mod source;

@@ -13,8 +13,9 @@ use crate::decode::Decoder;
 use crate::plugin::{
     CallError, CallOutcome, CallRequest, Event, Plugin, PluginError, PluginInfo, Runtime, StagedValue,
 };
+use crate::prepare::{Groups, Prepared, Preparer, Request};
 use crate::sink::{Sink, SinkError};
-use crate::source::{Line, Source, SourceError};
+use crate::source::{Source, SourceError};
 use crate::store::{BatchPlan, Checkpoint, Counters, KeyChange, KeyRecord, PipelineIdentity, Store, StoreError};
 
 /// What the pipeline calls per key: a loaded wasm [`Plugin`], or — for benchmarks and
@@ -44,10 +45,13 @@ impl StateFunction for Plugin {
 /// Where a run spent its time, in nanoseconds of the monotonic clock.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StageTimes {
-    /// Reading input lines (and planning).
+    /// Reading input lines. For a file input this and decoding run on a thread of
+    /// their own, one batch ahead, so they overlap the other stages.
     pub read_ns: u64,
     /// Decoding lines, late-data checks and grouping by key.
     pub decode_group_ns: u64,
+    /// Time the batch loop waited for its batch to be read and decoded.
+    pub input_wait_ns: u64,
     /// Loading key records from the store (and migrating them).
     pub state_load_ns: u64,
     /// Plugin calls.
@@ -197,8 +201,9 @@ pub struct Pipeline {
     clock: Arc<dyn Clock>,
     store: Store,
     plugin: Box<dyn StateFunction>,
-    decoder: Decoder,
-    source: Source,
+    input: Preparer,
+    /// Stdin has closed.
+    input_closed: bool,
     output: Sink,
     late: Sink,
     dead_letter: Sink,
@@ -280,14 +285,15 @@ impl Pipeline {
         let dead_letter =
             Sink::open_file(&side_path(&config, &config.dead_letter, "dead-letter.jsonl"), checkpoint.dead_letter_len)?;
         let decoder = Decoder::new(&config.key_field, config.time_field.as_deref());
+        let input = Preparer::new(source, decoder, clock.clone())?;
         let (swaps_tx, swaps_rx) = mpsc::sync_channel(CANDIDATES_MAX);
         Ok(Self {
             config,
             clock,
             store,
             plugin,
-            decoder,
-            source,
+            input,
+            input_closed: false,
             output,
             late,
             dead_letter,
@@ -416,10 +422,10 @@ impl Pipeline {
                     batches += 1;
                     on_batch(&report);
                 }
-                None if self.source.is_closed() => break,
+                None if self.input_closed => break,
                 // Stdin is read until it closes; the read already waited one trigger
                 // interval, and the empty batches that fire timeouts ran meanwhile.
-                None if !self.source.is_seekable() => {}
+                None if !self.input.is_seekable() => {}
                 None if self.config.follow => self.clock.sleep_ms(self.config.trigger_interval_ms),
                 None => break,
             }
@@ -442,12 +448,11 @@ impl Pipeline {
         self.accept_swap()?;
         match self.plan_and_run() {
             Err(Error::Call { batch_id, plugin, key, cause })
-                if self.probation.is_some() && self.source.is_seekable() =>
+                if self.probation.is_some() && self.input.is_seekable() =>
             {
                 // The failed batch stays planned and uncommitted: it runs again, from
                 // the same input offset, with the plugin that ran before the swap.
                 self.roll_back(&format!("batch {batch_id}: key {key:?}: {cause}"), &plugin);
-                self.source.rewind_to(self.checkpoint.input_offset)?;
                 self.plan_and_run()
             }
             other => other,
@@ -456,39 +461,62 @@ impl Pipeline {
 
     fn plan_and_run(&mut self) -> Result<Option<BatchReport>, Error> {
         let batch_id = self.checkpoint.next_batch_id;
-        let started = self.clock.monotonic_ns();
+        let start_offset = self.checkpoint.input_offset;
         if let Some(plan) = self.store.pending_plan()?
             && plan.batch_id == batch_id
-            && plan.start_offset == self.checkpoint.input_offset
+            && plan.start_offset == start_offset
         {
-            if self.source.is_seekable() {
-                let lines = self.source.read_batch(usize::MAX, Some(plan.end_offset), Duration::ZERO)?;
-                if self.source.offset() != plan.end_offset {
-                    return Err(SourceError::Changed { planned: plan.end_offset, read: self.source.offset() }.into());
-                }
-                self.stages.read_ns += self.since(started);
-                return self.run_plan(plan, lines, true).map(Some);
+            if self.input.is_seekable() {
+                let prepared = self.prepared(Request {
+                    batch_id,
+                    start_offset,
+                    end_offset: Some(plan.end_offset),
+                    watermark_ms: plan.watermark_ms,
+                    records_max: usize::MAX,
+                    keys_max: usize::MAX,
+                    wait: Duration::ZERO,
+                })?;
+                return self.run_plan(plan, prepared, true).map(Some);
             }
             eprintln!(
                 "groupstate: warning: batch {batch_id} was planned from stdin and cannot be re-read; planning anew"
             );
         }
-        let wait = Duration::from_millis(self.config.trigger_interval_ms);
-        let lines = self.source.read_batch(self.config.batch_events_max, None, wait)?;
-        let watermark_ms = self.next_watermark();
+        let prepared = self.prepared(self.new_batch_request(batch_id, start_offset, self.next_watermark()))?;
         let processing_time_ms = self.clock.now_ms();
-        if lines.is_empty() && !self.has_expired_timers(watermark_ms, processing_time_ms)? {
+        let watermark_ms = self.next_watermark();
+        if prepared.records == 0 && !self.has_expired_timers(watermark_ms, processing_time_ms)? {
             return Ok(None);
         }
-        let plan = BatchPlan {
+        let plan =
+            BatchPlan { batch_id, start_offset, end_offset: prepared.end_offset, processing_time_ms, watermark_ms };
+        self.run_plan(plan, prepared, false).map(Some)
+    }
+
+    /// What a new batch from `start_offset` reads: up to `batch_events_max` records and,
+    /// from a file, up to `batch_keys_max` distinct keys (stdin cannot give back the
+    /// lines after a cut).
+    fn new_batch_request(&self, batch_id: u64, start_offset: u64, watermark_ms: i64) -> Request {
+        Request {
             batch_id,
-            start_offset: self.checkpoint.input_offset,
-            end_offset: self.source.offset(),
-            processing_time_ms,
+            start_offset,
+            end_offset: None,
             watermark_ms,
-        };
-        self.stages.read_ns += self.since(started);
-        self.run_plan(plan, lines, false).map(Some)
+            records_max: self.config.batch_events_max,
+            keys_max: if self.input.is_seekable() { self.config.batch_keys_max } else { usize::MAX },
+            wait: Duration::from_millis(self.config.trigger_interval_ms),
+        }
+    }
+
+    /// The batch read and decoded for `req`, and the time waited for it.
+    fn prepared(&mut self, req: Request) -> Result<Prepared, Error> {
+        let started = self.clock.monotonic_ns();
+        let prepared = self.input.get(req)?;
+        self.input_closed = prepared.closed;
+        self.stages.input_wait_ns += self.since(started);
+        self.stages.read_ns += prepared.read_ns;
+        self.stages.decode_group_ns += prepared.decode_group_ns;
+        Ok(prepared)
     }
 
     /// Monotonic nanoseconds since `start`.
@@ -499,9 +527,14 @@ impl Pipeline {
     /// The watermark of the next batch: the largest event time of committed batches
     /// minus the delay, never below the last watermark.
     fn next_watermark(&self) -> i64 {
-        let from_events =
-            self.checkpoint.max_event_time_ms.map_or(i64::MIN, |t| t.saturating_sub(self.config.watermark_delay_ms));
-        from_events.max(self.checkpoint.watermark_ms)
+        self.watermark_after(self.checkpoint.max_event_time_ms, self.checkpoint.watermark_ms)
+    }
+
+    /// The watermark after batches whose largest event time is `max_event_time_ms`,
+    /// the last of which ran with `watermark_ms`.
+    fn watermark_after(&self, max_event_time_ms: Option<i64>, watermark_ms: i64) -> i64 {
+        let from_events = max_event_time_ms.map_or(i64::MIN, |t| t.saturating_sub(self.config.watermark_delay_ms));
+        from_events.max(watermark_ms)
     }
 
     fn timeout_threshold(&self, watermark_ms: i64, processing_time_ms: i64) -> Option<i64> {
@@ -519,11 +552,30 @@ impl Pipeline {
         }
     }
 
-    /// Runs a batch: a replayed plan as it is; a new one is first cut at
-    /// `batch_keys_max` distinct keys and written to the store before any plugin call.
-    fn run_plan(&mut self, plan: BatchPlan, lines: Vec<Line>, replayed: bool) -> Result<BatchReport, Error> {
+    /// Runs a prepared batch: its plan is written to the store before any plugin call
+    /// (a replayed plan is already there).
+    fn run_plan(&mut self, plan: BatchPlan, prepared: Prepared, replayed: bool) -> Result<BatchReport, Error> {
+        if !replayed {
+            // Reading and decoding had no effect that a restart keeps: the plan still
+            // comes first.
+            self.store.write_plan(&plan)?;
+        }
+        // The next batch is read and decoded meanwhile, on the input thread.
+        let max_event_time_ms = max_option(self.checkpoint.max_event_time_ms, prepared.max_event_time_ms);
+        let next = self.new_batch_request(
+            plan.batch_id + 1,
+            prepared.end_offset,
+            self.watermark_after(max_event_time_ms, plan.watermark_ms),
+        );
+        self.input.prefetch(next);
         let mut batch = Batch::new(plan, self.checkpoint.counters);
-        let result = self.plan_and_process(&mut batch, lines, replayed).and_then(|()| {
+        batch.records = prepared.records;
+        batch.max_event_time_ms = prepared.max_event_time_ms;
+        batch.counters.records += prepared.records;
+        batch.counters.events += prepared.events;
+        batch.counters.late += prepared.late_lines.len() as u64;
+        batch.counters.bad_records += prepared.bad_lines.len() as u64;
+        let result = self.process(&mut batch, prepared).and_then(|()| {
             let started = self.clock.monotonic_ns();
             let committed = self.commit(&mut batch);
             self.stages.commit_ns += self.since(started);
@@ -548,26 +600,14 @@ impl Pipeline {
         })
     }
 
-    fn plan_and_process(&mut self, batch: &mut Batch, lines: Vec<Line>, replayed: bool) -> Result<(), Error> {
-        let started = self.clock.monotonic_ns();
-        // A replayed plan holds exactly its records; stdin cannot give back the lines
-        // after a cut, so its batches are bounded by records only.
-        let keys_max = if replayed || !self.source.is_seekable() { usize::MAX } else { self.config.batch_keys_max };
-        let (groups, cut) = self.group(batch, lines, keys_max)?;
-        if let Some(offset) = cut {
-            self.source.rewind_to(offset)?;
-            batch.plan.end_offset = offset;
+    fn process(&mut self, batch: &mut Batch, prepared: Prepared) -> Result<(), Error> {
+        for line in &prepared.late_lines {
+            self.late.push_line(line)?;
         }
-        if !replayed {
-            // Decoding and grouping had no effect that a restart keeps (the sinks are
-            // cut back to their committed length): the plan still comes first.
-            self.store.write_plan(&batch.plan)?;
+        for line in &prepared.bad_lines {
+            self.dead_letter.push_line(line)?;
         }
-        self.stages.decode_group_ns += self.since(started);
-        self.process(batch, groups)
-    }
-
-    fn process(&mut self, batch: &mut Batch, groups: Groups) -> Result<(), Error> {
+        let groups: Groups = prepared.groups;
         batch.data_keys = groups.len() as u64;
         for (key, events) in &groups {
             self.call_key(batch, key, events, None)?;
@@ -583,76 +623,6 @@ impl Pipeline {
             batch.timeout_keys += 1;
             self.call_key(batch, &key, &[], Some(deadline))?;
         }
-        Ok(())
-    }
-
-    /// Decodes the lines and groups the good ones by key, keys in order of first
-    /// appearance and events in arrival order; late and bad lines go to their sinks.
-    /// Decodes the lines and groups the good ones by key. Stops before the record that
-    /// would bring a `keys_max + 1`th key, returning its offset (where the batch ends).
-    fn group(&mut self, batch: &mut Batch, lines: Vec<Line>, keys_max: usize) -> Result<(Groups, Option<u64>), Error> {
-        let mut index: HashMap<String, usize> = HashMap::new();
-        let mut groups: Groups = Vec::new();
-        for line in lines {
-            batch.records += 1;
-            batch.counters.records += 1;
-            let text = match line.text {
-                Ok(text) => text,
-                Err(e) => {
-                    self.bad_record(batch, line.offset, &e.to_string(), None)?;
-                    continue;
-                }
-            };
-            let decoded = match self.decoder.decode(&text) {
-                Ok(d) => d,
-                Err(e) => {
-                    self.bad_record(batch, line.offset, &e.to_string(), Some(&text))?;
-                    continue;
-                }
-            };
-            if let Some(t) = decoded.event_time_ms
-                && t < batch.plan.watermark_ms
-            {
-                batch.counters.late += 1;
-                let late = format!(
-                    "{{\"offset\":{},\"event_time_ms\":{t},\"watermark_ms\":{},\"record\":{}}}",
-                    line.offset, batch.plan.watermark_ms, text
-                );
-                self.late.push_line(&late)?;
-                continue;
-            }
-            let event = Event { event_time_ms: decoded.event_time_ms, payload: text };
-            match index.get(&decoded.key) {
-                Some(&i) => groups[i].1.push(event),
-                None if groups.len() == keys_max => {
-                    // This record starts the next batch: take back what it was counted as.
-                    batch.records -= 1;
-                    batch.counters.records -= 1;
-                    return Ok((groups, Some(line.offset)));
-                }
-                None => {
-                    index.insert(decoded.key.clone(), groups.len());
-                    groups.push((decoded.key, vec![event]));
-                }
-            }
-            batch.counters.events += 1;
-            if let Some(t) = decoded.event_time_ms {
-                batch.max_event_time_ms = Some(batch.max_event_time_ms.map_or(t, |m| m.max(t)));
-            }
-        }
-        Ok((groups, None))
-    }
-
-    fn bad_record(&mut self, batch: &mut Batch, offset: u64, reason: &str, line: Option<&str>) -> Result<(), Error> {
-        batch.counters.bad_records += 1;
-        let entry = serde_json::json!({
-            "kind": "bad-record",
-            "batch": batch.plan.batch_id,
-            "offset": offset,
-            "reason": reason,
-            "line": line,
-        });
-        self.dead_letter.push_line(&entry.to_string())?;
         Ok(())
     }
 
@@ -790,9 +760,7 @@ impl Pipeline {
             watermark_ms: plan.watermark_ms,
             counters: batch.counters,
         };
-        if let Some(t) = batch.max_event_time_ms {
-            next.max_event_time_ms = Some(next.max_event_time_ms.map_or(t, |m| m.max(t)));
-        }
+        next.max_event_time_ms = max_option(next.max_event_time_ms, batch.max_event_time_ms);
         self.store.commit(&batch.changes, &next, durable)?;
         for sink in [&mut self.output, &mut self.late, &mut self.dead_letter] {
             sink.committed();
@@ -803,10 +771,6 @@ impl Pipeline {
         Ok(())
     }
 }
-
-/// A batch's records grouped by key: keys in order of first appearance, events in
-/// arrival order.
-type Groups = Vec<(String, Vec<Event>)>;
 
 /// The working set of one batch.
 struct Batch {
@@ -822,6 +786,14 @@ struct Batch {
 impl Batch {
     fn new(plan: BatchPlan, counters: Counters) -> Self {
         Self { plan, counters, changes: Vec::new(), max_event_time_ms: None, records: 0, data_keys: 0, timeout_keys: 0 }
+    }
+}
+
+/// The larger of two optional values.
+fn max_option(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
     }
 }
 

@@ -80,6 +80,9 @@ pub enum SourceError {
     /// A batch plan cannot be replayed from stdin.
     #[error("cannot re-read a planned batch from stdin")]
     NotSeekable,
+    /// The thread that reads the input failed.
+    #[error("input: {0}")]
+    Thread(String),
 }
 
 /// Reads lines of at most `max` bytes from a `BufRead`, tracking the offset.

@@ -1,0 +1,229 @@
+//! The first stage of a batch: reading its input lines, decoding them, setting late
+//! and bad records aside and grouping the rest by key.
+//!
+//! A prepared batch is a pure function of its [`Request`] (input range, watermark,
+//! limits) and the input bytes, and it has no effect of its own: late and bad records
+//! are handed back, to be written by the batch that commits them. So for a file input
+//! the stage runs on its own thread, one batch ahead of the plugin calls and the
+//! commit (the second core), and a prefetched batch that turns out not to be the one
+//! the pipeline asks for (after a rollback, say) is simply dropped and prepared again.
+//! Stdin is prepared in line: its lines cannot be read twice.
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::decode::Decoder;
+use crate::plugin::Event;
+use crate::source::{Source, SourceError};
+
+/// A batch's records grouped by key: keys in order of first appearance, events in
+/// arrival order.
+pub(crate) type Groups = Vec<(String, Vec<Event>)>;
+
+/// What to prepare.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Request {
+    /// The batch id (named in dead-letter entries).
+    pub batch_id: u64,
+    /// Where the batch starts in the input.
+    pub start_offset: u64,
+    /// A replayed plan's end: read exactly to here. `None` for a new batch.
+    pub end_offset: Option<u64>,
+    /// Records with an event time below it are late.
+    pub watermark_ms: i64,
+    /// At most this many records.
+    pub records_max: usize,
+    /// Cut before the record that would bring one more distinct key.
+    pub keys_max: usize,
+    /// How long stdin may wait for a first line.
+    pub wait: Duration,
+}
+
+/// A prepared batch.
+#[derive(Debug, Default)]
+pub(crate) struct Prepared {
+    /// Where the batch ends in the input (after a cut, where the next one starts).
+    pub end_offset: u64,
+    pub groups: Groups,
+    /// Lines for the late-data output.
+    pub late_lines: Vec<String>,
+    /// Entries for the dead-letter output (records that could not be decoded).
+    pub bad_lines: Vec<String>,
+    /// Records read (good, late and bad).
+    pub records: u64,
+    /// Records grouped.
+    pub events: u64,
+    /// The largest event time among the grouped records.
+    pub max_event_time_ms: Option<i64>,
+    /// Stdin has closed.
+    pub closed: bool,
+    /// Time spent reading lines and decoding and grouping them, in nanoseconds.
+    pub read_ns: u64,
+    pub decode_group_ns: u64,
+}
+
+/// Reads and prepares one batch from `source`.
+fn prepare(source: &mut Source, decoder: &Decoder, clock: &dyn Clock, req: &Request) -> Result<Prepared, SourceError> {
+    let started = clock.monotonic_ns();
+    if source.offset() != req.start_offset {
+        source.rewind_to(req.start_offset)?;
+    }
+    let lines = source.read_batch(req.records_max, req.end_offset, req.wait)?;
+    if let Some(planned) = req.end_offset
+        && source.offset() != planned
+    {
+        return Err(SourceError::Changed { planned, read: source.offset() });
+    }
+    let read = clock.monotonic_ns();
+    let mut out = Prepared { end_offset: source.offset(), closed: source.is_closed(), ..Prepared::default() };
+    let mut index: HashMap<String, usize> = HashMap::new();
+    for line in lines {
+        let text = match line.text {
+            Ok(text) => text,
+            Err(e) => {
+                out.records += 1;
+                out.bad_lines.push(bad_record(req.batch_id, line.offset, &e.to_string(), None));
+                continue;
+            }
+        };
+        let decoded = match decoder.decode(&text) {
+            Ok(d) => d,
+            Err(e) => {
+                out.records += 1;
+                out.bad_lines.push(bad_record(req.batch_id, line.offset, &e.to_string(), Some(&text)));
+                continue;
+            }
+        };
+        if let Some(t) = decoded.event_time_ms
+            && t < req.watermark_ms
+        {
+            out.records += 1;
+            out.late_lines.push(format!(
+                "{{\"offset\":{},\"event_time_ms\":{t},\"watermark_ms\":{},\"record\":{}}}",
+                line.offset, req.watermark_ms, text
+            ));
+            continue;
+        }
+        let event = Event { event_time_ms: decoded.event_time_ms, payload: text };
+        match index.get(&decoded.key) {
+            Some(&i) => out.groups[i].1.push(event),
+            None if out.groups.len() == req.keys_max => {
+                // This record starts the next batch.
+                source.rewind_to(line.offset)?;
+                out.end_offset = line.offset;
+                break;
+            }
+            None => {
+                index.insert(decoded.key.clone(), out.groups.len());
+                out.groups.push((decoded.key, vec![event]));
+            }
+        }
+        out.records += 1;
+        out.events += 1;
+        if let Some(t) = decoded.event_time_ms {
+            out.max_event_time_ms = Some(out.max_event_time_ms.map_or(t, |m| m.max(t)));
+        }
+    }
+    out.read_ns = read.saturating_sub(started);
+    out.decode_group_ns = clock.monotonic_ns().saturating_sub(read);
+    Ok(out)
+}
+
+/// A dead-letter entry for a record that could not be decoded.
+fn bad_record(batch_id: u64, offset: u64, reason: &str, line: Option<&str>) -> String {
+    serde_json::json!({
+        "kind": "bad-record",
+        "batch": batch_id,
+        "offset": offset,
+        "reason": reason,
+        "line": line,
+    })
+    .to_string()
+}
+
+type Reply = Result<Prepared, SourceError>;
+
+/// Prepares batches: on a thread of its own, one batch ahead, for a file; in line for
+/// stdin.
+pub(crate) enum Preparer {
+    InLine {
+        source: Source,
+        decoder: Decoder,
+        clock: std::sync::Arc<dyn Clock>,
+    },
+    Ahead {
+        requests: mpsc::Sender<Request>,
+        replies: mpsc::Receiver<Reply>,
+        /// The request sent and not yet answered.
+        outstanding: Option<Request>,
+    },
+}
+
+impl std::fmt::Debug for Preparer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::InLine { source, .. } => write!(f, "Preparer::InLine({source:?})"),
+            Self::Ahead { outstanding, .. } => write!(f, "Preparer::Ahead({outstanding:?})"),
+        }
+    }
+}
+
+impl Preparer {
+    /// A preparer for `source`: a thread of its own for a seekable input.
+    pub fn new(source: Source, decoder: Decoder, clock: std::sync::Arc<dyn Clock>) -> Result<Self, SourceError> {
+        if !source.is_seekable() {
+            return Ok(Self::InLine { source, decoder, clock });
+        }
+        let (requests, requests_rx) = mpsc::channel::<Request>();
+        let (replies_tx, replies) = mpsc::sync_channel::<Reply>(1);
+        let mut source = source;
+        std::thread::Builder::new()
+            .name("groupstate-input".into())
+            .spawn(move || {
+                // Ends when the pipeline drops its end of the channels.
+                for req in requests_rx {
+                    if replies_tx.send(prepare(&mut source, &decoder, clock.as_ref(), &req)).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| SourceError::Thread(format!("cannot start the input thread: {e}")))?;
+        Ok(Self::Ahead { requests, replies, outstanding: None })
+    }
+
+    /// Whether the input can be read again from an earlier offset.
+    pub fn is_seekable(&self) -> bool {
+        matches!(self, Self::Ahead { .. })
+    }
+
+    /// Starts preparing `req` in the background (a file input only), if nothing else
+    /// is being prepared.
+    pub fn prefetch(&mut self, req: Request) {
+        if let Self::Ahead { requests, outstanding: outstanding @ None, .. } = self
+            && requests.send(req.clone()).is_ok()
+        {
+            *outstanding = Some(req);
+        }
+    }
+
+    /// The batch for `req`: the prefetched one if it was prepared for exactly this
+    /// request, else prepared now.
+    pub fn get(&mut self, req: Request) -> Result<Prepared, SourceError> {
+        match self {
+            Self::InLine { source, decoder, clock } => prepare(source, decoder, clock.as_ref(), &req),
+            Self::Ahead { requests, replies, outstanding } => {
+                let gone = || SourceError::Thread("the input thread stopped".into());
+                match outstanding.take() {
+                    Some(sent) if sent == req => return replies.recv().map_err(|_| gone())?,
+                    // Not the batch wanted: wait for it and drop it.
+                    Some(_) => drop(replies.recv()),
+                    None => {}
+                }
+                requests.send(req).map_err(|_| gone())?;
+                replies.recv().map_err(|_| gone())?
+            }
+        }
+    }
+}
