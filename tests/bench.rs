@@ -50,7 +50,7 @@ fn main() {
             num("--events", 1_000_000),
             num("--sensors", 10_000) as u32,
             num("--runs", 3) as usize,
-            num("--batch-events", 100_000) as usize,
+            num("--batch-events", 0) as usize,
             &flag("--configs", "floor,native,wasm").split(',').collect::<Vec<_>>(),
         ),
         Some("timers") => {
@@ -60,7 +60,7 @@ fn main() {
         }
         Some("swap") => swap(num("--runs", 5) as usize),
         // A child process of `throughput`: one run, one JSON line on stdout.
-        Some("one") => one(&args[1], Path::new(&args[2]), num("--batch-events", 100_000) as usize),
+        Some("one") => one(&args[1], Path::new(&args[2]), num("--batch-events", 0) as usize),
         _ => {
             eprintln!(
                 "usage: bench throughput [--events N] [--sensors K] [--runs R] [--batch-events B] [--configs floor,native,wasm]"
@@ -108,27 +108,41 @@ fn throughput(events: u64, sensors: u32, runs: usize, batch_events: usize, confi
     }
     let med =
         |config: &str, field: &str| median(results[config].iter().map(|v| v[field].as_f64().unwrap_or(0.0)).collect());
-    println!("\nsensor workload: {events} events, {sensors} sensors, batch {batch_events}, medians of {runs} runs");
+    let batch = if batch_events > 0 { batch_events.to_string() } else { "default".to_owned() };
+    println!("\nsensor workload: {events} events, {sensors} sensors, batch {batch}, medians of {runs} runs");
     println!(
-        "{:<8} {:>12} {:>10} {:>10} | {:>8} {:>8} {:>8} {:>8} {:>8} (ms)",
-        "config", "events/s", "vs native", "peak MiB", "read", "decode", "load", "plugin", "commit"
+        "{:<8} {:>12} {:>10} {:>10} {:>7} | {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} (ms)",
+        "config", "events/s", "vs native", "peak MiB", "CPU s", "read", "decode", "wait", "load", "plugin", "commit"
     );
     let native = if configs.contains(&"native") { med("native", "events_per_s") } else { f64::NAN };
     for &config in configs {
         let eps = med(config, "events_per_s");
         println!(
-            "{:<8} {:>12.0} {:>9.2}x {:>10.1} | {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>8.0}",
+            "{:<8} {:>12.0} {:>9.2}x {:>10.1} {:>7.1} | {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>8.0}",
             config,
             eps,
             eps / native,
             med(config, "peak_rss_kib") / 1024.0,
+            med(config, "cpu_s"),
             med(config, "read_ms"),
             med(config, "decode_group_ms"),
+            med(config, "input_wait_ms"),
             med(config, "state_load_ms"),
             med(config, "plugin_ms"),
             med(config, "commit_ms"),
         );
     }
+}
+
+/// CPU time (user and system) of this process so far, seconds (Linux).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name, which is in parentheses: utime and stime are the
+    // 12th and 13th, in clock ticks (100 a second on Linux).
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// Peak resident set size of this process, KiB (Linux).
@@ -149,7 +163,9 @@ fn one(config: &str, input: &Path, batch_events: usize) {
         "native" | "wasm" => {
             let dir = tempfile::tempdir().expect("tempdir");
             let mut pc = sensor_config(input, dir.path());
-            pc.batch_events_max = batch_events;
+            if batch_events > 0 {
+                pc.batch_events_max = batch_events;
+            }
             pc.durable_commits = true;
             let clock: Arc<dyn Clock> = Arc::new(SystemClock);
             let mut pipeline = if config == "wasm" {
@@ -173,6 +189,7 @@ fn one(config: &str, input: &Path, batch_events: usize) {
             "seconds": secs,
             "events_per_s": events as f64 / secs,
             "peak_rss_kib": peak_rss_kib(),
+            "cpu_s": cpu_seconds(),
             "read_ms": ms(stages.read_ns),
             "decode_group_ms": ms(stages.decode_group_ns),
             "input_wait_ms": ms(stages.input_wait_ns),

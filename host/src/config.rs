@@ -178,9 +178,14 @@ pub struct PipelineConfig {
     /// The watermark trails the largest event time seen by this much (default 0).
     #[serde(default)]
     pub watermark_delay_ms: i64,
-    /// Records per micro-batch at most (default 100 000).
+    /// Records per micro-batch at most (default 500 000).
     #[serde(default = "default_batch_events")]
     pub batch_events_max: usize,
+    /// Input bytes per micro-batch at most (default 64 MiB): a batch ends after the
+    /// line that reaches it. With the next batch read ahead, about twice this much input
+    /// is held in memory.
+    #[serde(default = "default_batch_bytes")]
+    pub batch_bytes_max: u64,
     /// Distinct keys per micro-batch at most (default 20 000): a batch ends before the
     /// record that would bring one more. It bounds the size of a commit, and with it
     /// sled's memory, when nearly every record has a key of its own. Stdin batches are
@@ -221,7 +226,10 @@ pub struct PipelineConfig {
 }
 
 fn default_batch_events() -> usize {
-    100_000
+    500_000
+}
+fn default_batch_bytes() -> u64 {
+    64 << 20
 }
 fn default_batch_keys() -> usize {
     20_000
@@ -252,6 +260,7 @@ impl PipelineConfig {
             timeout: TimeoutKind::None,
             watermark_delay_ms: 0,
             batch_events_max: default_batch_events(),
+            batch_bytes_max: default_batch_bytes(),
             batch_keys_max: default_batch_keys(),
             on_error: ErrorPolicy::Fail,
             dead_letter: None,
@@ -310,8 +319,8 @@ impl PipelineConfig {
         if self.watermark_delay_ms < 0 {
             return Err(ConfigError("--watermark-delay-ms must be 0 or more".into()));
         }
-        if self.batch_events_max == 0 || self.batch_keys_max == 0 {
-            return Err(ConfigError("--batch-events and --batch-keys must be at least 1".into()));
+        if self.batch_events_max == 0 || self.batch_keys_max == 0 || self.batch_bytes_max == 0 {
+            return Err(ConfigError("--batch-events, --batch-keys and --batch-bytes must be at least 1".into()));
         }
         if self.trigger_interval_ms == 0 {
             return Err(ConfigError("--trigger-interval-ms must be at least 1".into()));

@@ -1,6 +1,7 @@
 //! Decoding an input line into (key, event time): one pass of a JSON parser that looks
 //! only at the two configured top-level fields and skips the rest without building it.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
@@ -9,9 +10,9 @@ use crate::store::KEY_BYTES_MAX;
 
 /// A decoded record: the group key and the event time; the payload is the line itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decoded {
-    /// The group key.
-    pub key: String,
+pub struct Decoded<'a> {
+    /// The group key: borrowed from the line unless it holds escapes.
+    pub key: Cow<'a, str>,
     /// Event time in epoch milliseconds, when the pipeline has a time field.
     pub event_time_ms: Option<i64>,
 }
@@ -63,7 +64,7 @@ impl Decoder {
     }
 
     /// Decodes one line.
-    pub fn decode(&self, line: &str) -> Result<Decoded, DecodeError> {
+    pub fn decode<'a>(&self, line: &'a str) -> Result<Decoded<'a>, DecodeError> {
         let mut de = serde_json::Deserializer::from_str(line);
         let found = FieldsSeed { decoder: self }.deserialize(&mut de).map_err(classify)?;
         de.end().map_err(|e| DecodeError::Json(e.to_string()))?;
@@ -101,8 +102,8 @@ fn classify(e: serde_json::Error) -> DecodeError {
     }
 }
 
-enum Field {
-    Str(String),
+enum Field<'de> {
+    Str(Cow<'de, str>),
     Other,
 }
 
@@ -112,8 +113,8 @@ enum TimeField {
 }
 
 #[derive(Default)]
-struct Found {
-    key: Option<Field>,
+struct Found<'de> {
+    key: Option<Field<'de>>,
     time: Option<TimeField>,
 }
 
@@ -122,20 +123,20 @@ struct FieldsSeed<'a> {
 }
 
 impl<'de> DeserializeSeed<'de> for FieldsSeed<'_> {
-    type Value = Found;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Found, D::Error> {
+    type Value = Found<'de>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Found<'de>, D::Error> {
         d.deserialize_map(self)
     }
 }
 
 impl<'de> Visitor<'de> for FieldsSeed<'_> {
-    type Value = Found;
+    type Value = Found<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Found, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Found<'de>, A::Error> {
         let mut found = Found::default();
         while let Some(name) = map.next_key::<std::borrow::Cow<'de, str>>()? {
             if name == self.decoder.key_field.as_str() {
@@ -159,43 +160,46 @@ impl<'de> Visitor<'de> for FieldsSeed<'_> {
 struct KeySeed;
 
 impl<'de> DeserializeSeed<'de> for KeySeed {
-    type Value = Field;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Field, D::Error> {
+    type Value = Field<'de>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Field<'de>, D::Error> {
         d.deserialize_any(self)
     }
 }
 
 impl<'de> Visitor<'de> for KeySeed {
-    type Value = Field;
+    type Value = Field<'de>;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a string key")
     }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Field, E> {
-        Ok(Field::Str(v.to_owned()))
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Field<'de>, E> {
+        Ok(Field::Str(Cow::Borrowed(v)))
     }
-    fn visit_string<E: de::Error>(self, v: String) -> Result<Field, E> {
-        Ok(Field::Str(v))
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Field<'de>, E> {
+        Ok(Field::Str(Cow::Owned(v.to_owned())))
     }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Field, E> {
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Field<'de>, E> {
+        Ok(Field::Str(Cow::Owned(v)))
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Field<'de>, E> {
         Ok(Field::Other)
     }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Field, E> {
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Field<'de>, E> {
         Ok(Field::Other)
     }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Field, E> {
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Field<'de>, E> {
         Ok(Field::Other)
     }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Field, E> {
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Field<'de>, E> {
         Ok(Field::Other)
     }
-    fn visit_unit<E: de::Error>(self) -> Result<Field, E> {
+    fn visit_unit<E: de::Error>(self) -> Result<Field<'de>, E> {
         Ok(Field::Other)
     }
-    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Field, A::Error> {
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Field<'de>, A::Error> {
         while seq.next_element::<IgnoredAny>()?.is_some() {}
         Ok(Field::Other)
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Field, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Field<'de>, A::Error> {
         while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
         Ok(Field::Other)
     }
@@ -250,7 +254,7 @@ mod tests {
     fn check(line: &str, expect: Result<(&str, Option<i64>), &str>) {
         let d = Decoder::new("sensor_id", Some("ts"));
         match (d.decode(line), expect) {
-            (Ok(got), Ok((key, ts))) => assert_eq!((got.key.as_str(), got.event_time_ms), (key, ts), "{line}"),
+            (Ok(got), Ok((key, ts))) => assert_eq!((got.key.as_ref(), got.event_time_ms), (key, ts), "{line}"),
             (Err(got), Err(needle)) => assert!(got.to_string().contains(needle), "{line}: {got}"),
             (got, expect) => panic!("{line}: got {got:?}, expected {expect:?}"),
         }

@@ -473,6 +473,7 @@ impl Pipeline {
                     end_offset: Some(plan.end_offset),
                     watermark_ms: plan.watermark_ms,
                     records_max: usize::MAX,
+                    bytes_max: u64::MAX,
                     keys_max: usize::MAX,
                     wait: Duration::ZERO,
                 })?;
@@ -503,6 +504,7 @@ impl Pipeline {
             end_offset: None,
             watermark_ms,
             records_max: self.config.batch_events_max,
+            bytes_max: self.config.batch_bytes_max,
             keys_max: if self.input.is_seekable() { self.config.batch_keys_max } else { usize::MAX },
             wait: Duration::from_millis(self.config.trigger_interval_ms),
         }

@@ -35,6 +35,8 @@ pub(crate) struct Request {
     pub watermark_ms: i64,
     /// At most this many records.
     pub records_max: usize,
+    /// Ends after the line that reaches this many input bytes.
+    pub bytes_max: u64,
     /// Cut before the record that would bring one more distinct key.
     pub keys_max: usize,
     /// How long stdin may wait for a first line.
@@ -70,7 +72,7 @@ fn prepare(source: &mut Source, decoder: &Decoder, clock: &dyn Clock, req: &Requ
     if source.offset() != req.start_offset {
         source.rewind_to(req.start_offset)?;
     }
-    let lines = source.read_batch(req.records_max, req.end_offset, req.wait)?;
+    let lines = source.read_batch(req.records_max, req.bytes_max, req.end_offset, req.wait)?;
     if let Some(planned) = req.end_offset
         && source.offset() != planned
     {
@@ -106,9 +108,9 @@ fn prepare(source: &mut Source, decoder: &Decoder, clock: &dyn Clock, req: &Requ
             ));
             continue;
         }
-        let event = Event { event_time_ms: decoded.event_time_ms, payload: text };
-        match index.get(&decoded.key) {
-            Some(&i) => out.groups[i].1.push(event),
+        let event_time_ms = decoded.event_time_ms;
+        let slot = match index.get(decoded.key.as_ref()) {
+            Some(&i) => i,
             None if out.groups.len() == req.keys_max => {
                 // This record starts the next batch.
                 source.rewind_to(line.offset)?;
@@ -116,13 +118,16 @@ fn prepare(source: &mut Source, decoder: &Decoder, clock: &dyn Clock, req: &Requ
                 break;
             }
             None => {
-                index.insert(decoded.key.clone(), out.groups.len());
-                out.groups.push((decoded.key, vec![event]));
+                let key = decoded.key.into_owned();
+                index.insert(key.clone(), out.groups.len());
+                out.groups.push((key, Vec::new()));
+                out.groups.len() - 1
             }
-        }
+        };
+        out.groups[slot].1.push(Event { event_time_ms, payload: text });
         out.records += 1;
         out.events += 1;
-        if let Some(t) = decoded.event_time_ms {
+        if let Some(t) = event_time_ms {
             out.max_event_time_ms = Some(out.max_event_time_ms.map_or(t, |m| m.max(t)));
         }
     }

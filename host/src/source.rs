@@ -251,19 +251,23 @@ impl Source {
         matches!(self.inner, Inner::File { .. })
     }
 
-    /// Reads up to `max` lines, stopping at `end_offset` if given (a replayed plan).
+    /// Reads up to `max` lines, stopping at `end_offset` if given (a replayed plan), or
+    /// after the line that brings the bytes read to `bytes_max`.
     /// With stdin, waits at most `wait` for the first line and then takes only what
     /// is already queued. Returns an empty vector at the end of the input (for now).
     pub fn read_batch(
         &mut self,
         max: usize,
+        bytes_max: u64,
         end_offset: Option<u64>,
         wait: Duration,
     ) -> Result<Vec<Line>, SourceError> {
         let mut lines = Vec::new();
+        let start = self.offset();
+        let full = |offset: u64| offset - start >= bytes_max;
         match &mut self.inner {
             Inner::File { reader: r, .. } => {
-                while lines.len() < max && end_offset.is_none_or(|end| r.offset < end) {
+                while lines.len() < max && !full(r.offset) && end_offset.is_none_or(|end| r.offset < end) {
                     let offset = r.offset;
                     match r.next_line().map_err(|cause| SourceError::Read { offset, cause })? {
                         Some((line, _)) => lines.push(line),
@@ -276,7 +280,7 @@ impl Source {
                     return Err(SourceError::NotSeekable);
                 }
                 let mut timeout = wait;
-                while lines.len() < max && !*closed {
+                while lines.len() < max && !full(*offset) && !*closed {
                     match rx.recv_timeout(timeout) {
                         Ok(Ok(Some((line, consumed)))) => {
                             *offset = line.offset + consumed;
@@ -355,12 +359,17 @@ mod tests {
         let path = dir.path().join("in.jsonl");
         std::fs::write(&path, "a\nbb\nccc\ndddd\n").unwrap();
         let mut src = Source::open_file(&path, 2, 100, false).unwrap();
-        let lines = src.read_batch(10, Some(9), Duration::ZERO).unwrap();
+        let lines = src.read_batch(10, u64::MAX, Some(9), Duration::ZERO).unwrap();
         assert_eq!(lines.iter().map(|l| l.offset).collect::<Vec<_>>(), vec![2, 5]);
         assert_eq!(src.offset(), 9);
-        let rest = src.read_batch(10, None, Duration::ZERO).unwrap();
+        let rest = src.read_batch(10, u64::MAX, None, Duration::ZERO).unwrap();
         assert_eq!(rest.len(), 1);
-        assert!(src.read_batch(10, None, Duration::ZERO).unwrap().is_empty());
+        assert!(src.read_batch(10, u64::MAX, None, Duration::ZERO).unwrap().is_empty());
+        // A batch ends after the line that reaches the byte limit.
+        let mut src = Source::open_file(&path, 0, 100, false).unwrap();
+        let lines = src.read_batch(10, 4, None, Duration::ZERO).unwrap();
+        assert_eq!(lines.iter().map(|l| l.offset).collect::<Vec<_>>(), vec![0, 2]);
+        assert_eq!(src.offset(), 5);
         let err = Source::open_file(&path, 100, 100, false).unwrap_err().to_string();
         assert!(err.contains("truncated or replaced"), "{err}");
     }

@@ -91,9 +91,12 @@ struct RunArgs {
     /// The watermark trails the largest event time seen by this much.
     #[arg(long)]
     watermark_delay_ms: Option<i64>,
-    /// Records per micro-batch at most [default: 100000].
+    /// Records per micro-batch at most [default: 500000].
     #[arg(long)]
     batch_events: Option<usize>,
+    /// Input bytes per micro-batch at most; a batch ends after the line that reaches it [default: 67108864].
+    #[arg(long)]
+    batch_bytes: Option<u64>,
     /// Distinct keys per micro-batch at most [default: 20000].
     #[arg(long)]
     batch_keys: Option<usize>,
@@ -232,6 +235,9 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
     }
     if let Some(n) = args.batch_events {
         config.batch_events_max = n;
+    }
+    if let Some(n) = args.batch_bytes {
+        config.batch_bytes_max = n;
     }
     if let Some(n) = args.batch_keys {
         config.batch_keys_max = n;
