@@ -352,7 +352,10 @@ fn timers(keys: &[u64], batches: usize) {
     println!(
         "\nbatches of {per_batch} events over {active} active keys, while N idle keys hold timers that do not fire"
     );
-    println!("{:>10} {:>12} {:>14} {:>18}", "N", "open ms", "1st batch ms", "median batch ms");
+    println!(
+        "{:>10} {:>12} {:>14} {:>18} | {:>8} {:>8} {:>8} (mean ms a batch)",
+        "N", "open ms", "1st batch ms", "median batch ms", "load", "plugin", "commit"
+    );
     let mut medians = Vec::new();
     for &n in keys {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -368,17 +371,27 @@ fn timers(keys: &[u64], batches: usize) {
         let opened = clock.monotonic_ns();
         let mut last = opened;
         let mut times = Vec::new();
-        pipeline
+        let summary = pipeline
             .run(&mut |_| {
                 let now = clock.monotonic_ns();
                 times.push((now - last) as f64 / 1e6);
                 last = now;
             })
             .expect("run");
+        let mean = |ns: u64| ns as f64 / 1e6 / summary.batches.max(1) as f64;
         let first = times[0];
         let med = median(times[1..].to_vec());
         medians.push(med);
-        println!("{:>10} {:>12.1} {:>14.1} {:>18.2}", n, (opened - started) as f64 / 1e6, first, med);
+        println!(
+            "{:>10} {:>12.1} {:>14.1} {:>18.2} | {:>8.2} {:>8.2} {:>8.2}",
+            n,
+            (opened - started) as f64 / 1e6,
+            first,
+            med,
+            mean(summary.stages.state_load_ns),
+            mean(summary.stages.plugin_ns),
+            mean(summary.stages.commit_ns)
+        );
     }
     if medians.len() >= 2 {
         println!(

@@ -10,7 +10,7 @@
 //! Stdin is prepared in line: its lines cannot be read twice.
 
 use std::collections::HashMap;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use crate::clock::Clock;
@@ -156,7 +156,7 @@ pub(crate) enum Preparer {
     InLine {
         source: Source,
         decoder: Decoder,
-        clock: std::sync::Arc<dyn Clock>,
+        clock: Arc<dyn Clock>,
     },
     Ahead {
         requests: mpsc::Sender<Request>,
@@ -177,7 +177,7 @@ impl std::fmt::Debug for Preparer {
 
 impl Preparer {
     /// A preparer for `source`: a thread of its own for a seekable input.
-    pub fn new(source: Source, decoder: Decoder, clock: std::sync::Arc<dyn Clock>) -> Result<Self, SourceError> {
+    pub fn new(source: Source, decoder: Decoder, clock: Arc<dyn Clock>) -> Result<Self, SourceError> {
         if !source.is_seekable() {
             return Ok(Self::InLine { source, decoder, clock });
         }
@@ -230,5 +230,77 @@ impl Preparer {
                 replies.recv().map_err(|_| gone())?
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+
+    fn request(start_offset: u64, watermark_ms: i64) -> Request {
+        Request {
+            batch_id: 7,
+            start_offset,
+            end_offset: None,
+            watermark_ms,
+            records_max: 3,
+            bytes_max: u64::MAX,
+            keys_max: 2,
+            wait: Duration::ZERO,
+        }
+    }
+
+    fn keys(p: &Prepared) -> Vec<(String, usize)> {
+        p.groups.iter().map(|(k, e)| (k.clone(), e.len())).collect()
+    }
+
+    #[test]
+    fn a_prefetched_batch_is_used_only_for_the_request_it_was_made_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.jsonl");
+        let lines = [
+            r#"{"k":"a","t":10}"#,
+            r#"{"k":"a","t":11}"#,
+            r#"{"k":"b","t":5}"#,
+            r#"{"k":"c","t":12}"#,
+            "not json",
+            r#"{"k":"c","t":13}"#,
+        ];
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        let offset = |i: usize| lines[..i].iter().map(|l| l.len() as u64 + 1).sum::<u64>();
+        let source = Source::open_file(&path, 0, 1 << 10, false).unwrap();
+        let mut input = Preparer::new(source, Decoder::new("k", Some("t")), Arc::new(SystemClock)).unwrap();
+
+        // Batch 0: three records, two keys.
+        let first = input.get(request(0, 0)).unwrap();
+        assert_eq!(keys(&first), vec![("a".into(), 2), ("b".into(), 1)]);
+        assert_eq!(first.end_offset, offset(3));
+        assert_eq!(first.max_event_time_ms, Some(11));
+
+        // A prefetch made for another watermark is dropped: under 13 the first "c" is
+        // late, in the batch that is asked for it is not.
+        input.prefetch(request(offset(3), 13));
+        let second = input.get(request(offset(3), 0)).unwrap();
+        assert!(second.late_lines.is_empty());
+        assert_eq!(keys(&second), vec![("c".into(), 2)]);
+        assert_eq!(second.bad_lines.len(), 1);
+        assert!(second.bad_lines[0].contains("\"batch\":7") && second.bad_lines[0].contains("not json"));
+
+        // A prefetch that matches is what `get` returns; going back (a rollback) reads
+        // the same range again.
+        input.prefetch(request(0, 11));
+        let again = input.get(request(0, 11)).unwrap();
+        assert_eq!(keys(&again), vec![("a".into(), 1)], "10 is late under 11");
+        assert_eq!(again.late_lines.len(), 2);
+        assert_eq!(again.end_offset, offset(3));
+
+        // A cut at keys_max ends the batch before the record with a third key, and
+        // the next batch starts there.
+        let mut cut = request(offset(1), 0);
+        cut.records_max = 10;
+        let cut = input.get(cut).unwrap();
+        assert_eq!(keys(&cut), vec![("a".into(), 1), ("b".into(), 1)]);
+        assert_eq!((cut.records, cut.end_offset), (2, offset(3)));
     }
 }
