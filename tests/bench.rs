@@ -111,21 +111,20 @@ fn throughput(events: u64, sensors: u32, runs: usize, batch_events: usize, confi
     let batch = if batch_events > 0 { batch_events.to_string() } else { "default".to_owned() };
     println!("\nsensor workload: {events} events, {sensors} sensors, batch {batch}, medians of {runs} runs");
     println!(
-        "{:<8} {:>12} {:>10} {:>10} {:>7} | {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} (ms)",
-        "config", "events/s", "vs native", "peak MiB", "CPU s", "read", "decode", "wait", "load", "plugin", "commit"
+        "{:<8} {:>12} {:>10} {:>10} {:>7} | {:>12} {:>8} {:>8} {:>8} {:>8} (ms)",
+        "config", "events/s", "vs native", "peak MiB", "CPU s", "read+decode", "wait", "load", "plugin", "commit"
     );
     let native = if configs.contains(&"native") { med("native", "events_per_s") } else { f64::NAN };
     for &config in configs {
         let eps = med(config, "events_per_s");
         println!(
-            "{:<8} {:>12.0} {:>9.2}x {:>10.1} {:>7.1} | {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>8.0}",
+            "{:<8} {:>12.0} {:>9.2}x {:>10.1} {:>7.1} | {:>12.0} {:>8.0} {:>8.0} {:>8.0} {:>8.0}",
             config,
             eps,
             eps / native,
             med(config, "peak_rss_kib") / 1024.0,
             med(config, "cpu_s"),
-            med(config, "read_ms"),
-            med(config, "decode_group_ms"),
+            med(config, "read_decode_ms"),
             med(config, "input_wait_ms"),
             med(config, "state_load_ms"),
             med(config, "plugin_ms"),
@@ -190,8 +189,7 @@ fn one(config: &str, input: &Path, batch_events: usize) {
             "events_per_s": events as f64 / secs,
             "peak_rss_kib": peak_rss_kib(),
             "cpu_s": cpu_seconds(),
-            "read_ms": ms(stages.read_ns),
-            "decode_group_ms": ms(stages.decode_group_ns),
+            "read_decode_ms": ms(stages.read_decode_ns),
             "input_wait_ms": ms(stages.input_wait_ns),
             "state_load_ms": ms(stages.state_load_ns),
             "plugin_ms": ms(stages.plugin_ns),

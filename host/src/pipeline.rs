@@ -45,11 +45,10 @@ impl StateFunction for Plugin {
 /// Where a run spent its time, in nanoseconds of the monotonic clock.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StageTimes {
-    /// Reading input lines. For a file input this and decoding run on a thread of
-    /// their own, one batch ahead, so they overlap the other stages.
-    pub read_ns: u64,
-    /// Decoding lines, late-data checks and grouping by key.
-    pub decode_group_ns: u64,
+    /// Reading and decoding lines, late-data checks and grouping by key. For a file
+    /// input this runs on a thread of its own, one batch ahead, overlapping the other
+    /// stages.
+    pub read_decode_ns: u64,
     /// Time the batch loop waited for its batch to be read and decoded.
     pub input_wait_ns: u64,
     /// Loading key records from the store (and migrating them).
@@ -483,9 +482,9 @@ impl Pipeline {
                 "groupstate: warning: batch {batch_id} was planned from stdin and cannot be re-read; planning anew"
             );
         }
-        let prepared = self.prepared(self.new_batch_request(batch_id, start_offset, self.next_watermark()))?;
-        let processing_time_ms = self.clock.now_ms();
         let watermark_ms = self.next_watermark();
+        let prepared = self.prepared(self.new_batch_request(batch_id, start_offset, watermark_ms))?;
+        let processing_time_ms = self.clock.now_ms();
         if prepared.records == 0 && !self.has_expired_timers(watermark_ms, processing_time_ms)? {
             return Ok(None);
         }
@@ -494,9 +493,9 @@ impl Pipeline {
         self.run_plan(plan, prepared, false).map(Some)
     }
 
-    /// What a new batch from `start_offset` reads: up to `batch_events_max` records and,
-    /// from a file, up to `batch_keys_max` distinct keys (stdin cannot give back the
-    /// lines after a cut).
+    /// What a new batch from `start_offset` reads: up to `batch_events_max` records and
+    /// `batch_bytes_max` bytes and, from a file, up to `batch_keys_max` distinct keys
+    /// (stdin cannot give back the lines after a cut).
     fn new_batch_request(&self, batch_id: u64, start_offset: u64, watermark_ms: i64) -> Request {
         Request {
             batch_id,
@@ -516,8 +515,7 @@ impl Pipeline {
         let prepared = self.input.get(req)?;
         self.input_closed = prepared.closed;
         self.stages.input_wait_ns += self.since(started);
-        self.stages.read_ns += prepared.read_ns;
-        self.stages.decode_group_ns += prepared.decode_group_ns;
+        self.stages.read_decode_ns += prepared.read_decode_ns;
         Ok(prepared)
     }
 

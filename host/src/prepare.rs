@@ -62,8 +62,7 @@ pub(crate) struct Prepared {
     /// Stdin has closed.
     pub closed: bool,
     /// Time spent reading lines and decoding and grouping them, in nanoseconds.
-    pub read_ns: u64,
-    pub decode_group_ns: u64,
+    pub read_decode_ns: u64,
 }
 
 /// Reads and prepares one batch from `source`.
@@ -72,22 +71,16 @@ fn prepare(source: &mut Source, decoder: &Decoder, clock: &dyn Clock, req: &Requ
     if source.offset() != req.start_offset {
         source.rewind_to(req.start_offset)?;
     }
-    let lines = source.read_batch(req.records_max, req.bytes_max, req.end_offset, req.wait)?;
-    if let Some(planned) = req.end_offset
-        && source.offset() != planned
-    {
-        return Err(SourceError::Changed { planned, read: source.offset() });
-    }
-    let read = clock.monotonic_ns();
-    let mut out = Prepared { end_offset: source.offset(), closed: source.is_closed(), ..Prepared::default() };
+    let mut out = Prepared::default();
     let mut index: HashMap<String, usize> = HashMap::new();
-    for line in lines {
+    let mut cut = None;
+    source.read_lines(req.records_max, req.bytes_max, req.end_offset, req.wait, |line| {
         let text = match line.text {
             Ok(text) => text,
             Err(e) => {
                 out.records += 1;
                 out.bad_lines.push(bad_record(req.batch_id, line.offset, &e.to_string(), None));
-                continue;
+                return Ok(true);
             }
         };
         let decoded = match decoder.decode(&text) {
@@ -95,7 +88,7 @@ fn prepare(source: &mut Source, decoder: &Decoder, clock: &dyn Clock, req: &Requ
             Err(e) => {
                 out.records += 1;
                 out.bad_lines.push(bad_record(req.batch_id, line.offset, &e.to_string(), Some(&text)));
-                continue;
+                return Ok(true);
             }
         };
         if let Some(t) = decoded.event_time_ms
@@ -106,16 +99,15 @@ fn prepare(source: &mut Source, decoder: &Decoder, clock: &dyn Clock, req: &Requ
                 "{{\"offset\":{},\"event_time_ms\":{t},\"watermark_ms\":{},\"record\":{}}}",
                 line.offset, req.watermark_ms, text
             ));
-            continue;
+            return Ok(true);
         }
         let event_time_ms = decoded.event_time_ms;
         let slot = match index.get(decoded.key.as_ref()) {
             Some(&i) => i,
             None if out.groups.len() == req.keys_max => {
                 // This record starts the next batch.
-                source.rewind_to(line.offset)?;
-                out.end_offset = line.offset;
-                break;
+                cut = Some(line.offset);
+                return Ok(false);
             }
             None => {
                 let key = decoded.key.into_owned();
@@ -130,9 +122,19 @@ fn prepare(source: &mut Source, decoder: &Decoder, clock: &dyn Clock, req: &Requ
         if let Some(t) = event_time_ms {
             out.max_event_time_ms = Some(out.max_event_time_ms.map_or(t, |m| m.max(t)));
         }
+        Ok(true)
+    })?;
+    if let Some(offset) = cut {
+        source.rewind_to(offset)?;
     }
-    out.read_ns = read.saturating_sub(started);
-    out.decode_group_ns = clock.monotonic_ns().saturating_sub(read);
+    if let Some(planned) = req.end_offset
+        && source.offset() != planned
+    {
+        return Err(SourceError::Changed { planned, read: source.offset() });
+    }
+    out.end_offset = source.offset();
+    out.closed = source.is_closed();
+    out.read_decode_ns = clock.monotonic_ns().saturating_sub(started);
     Ok(out)
 }
 

@@ -252,25 +252,32 @@ impl Source {
     }
 
     /// Reads up to `max` lines, stopping at `end_offset` if given (a replayed plan), or
-    /// after the line that brings the bytes read to `bytes_max`.
-    /// With stdin, waits at most `wait` for the first line and then takes only what
-    /// is already queued. Returns an empty vector at the end of the input (for now).
-    pub fn read_batch(
+    /// after the line that brings the bytes read to `bytes_max`, handing each line to
+    /// `each` until it answers `false`. With stdin, waits at most `wait` for the first
+    /// line and then takes only what is already queued. Reads nothing at the end of the
+    /// input (for now).
+    pub fn read_lines(
         &mut self,
         max: usize,
         bytes_max: u64,
         end_offset: Option<u64>,
         wait: Duration,
-    ) -> Result<Vec<Line>, SourceError> {
-        let mut lines = Vec::new();
+        mut each: impl FnMut(Line) -> Result<bool, SourceError>,
+    ) -> Result<(), SourceError> {
         let start = self.offset();
         let full = |offset: u64| offset - start >= bytes_max;
+        let mut read = 0;
         match &mut self.inner {
             Inner::File { reader: r, .. } => {
-                while lines.len() < max && !full(r.offset) && end_offset.is_none_or(|end| r.offset < end) {
+                while read < max && !full(r.offset) && end_offset.is_none_or(|end| r.offset < end) {
                     let offset = r.offset;
                     match r.next_line().map_err(|cause| SourceError::Read { offset, cause })? {
-                        Some((line, _)) => lines.push(line),
+                        Some((line, _)) => {
+                            read += 1;
+                            if !each(line)? {
+                                break;
+                            }
+                        }
                         None => break,
                     }
                 }
@@ -280,12 +287,15 @@ impl Source {
                     return Err(SourceError::NotSeekable);
                 }
                 let mut timeout = wait;
-                while lines.len() < max && !full(*offset) && !*closed {
+                while read < max && !full(*offset) && !*closed {
                     match rx.recv_timeout(timeout) {
                         Ok(Ok(Some((line, consumed)))) => {
                             *offset = line.offset + consumed;
-                            lines.push(line);
+                            read += 1;
                             timeout = Duration::ZERO;
+                            if !each(line)? {
+                                break;
+                            }
                         }
                         Ok(Ok(None)) | Err(mpsc::RecvTimeoutError::Disconnected) => *closed = true,
                         Ok(Err(cause)) => return Err(SourceError::Read { offset: *offset, cause }),
@@ -294,6 +304,23 @@ impl Source {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// The lines [`Source::read_lines`] reads, collected (for tests).
+    #[cfg(test)]
+    fn read_batch(
+        &mut self,
+        max: usize,
+        bytes_max: u64,
+        end_offset: Option<u64>,
+        wait: Duration,
+    ) -> Result<Vec<Line>, SourceError> {
+        let mut lines = Vec::new();
+        self.read_lines(max, bytes_max, end_offset, wait, |line| {
+            lines.push(line);
+            Ok(true)
+        })?;
         Ok(lines)
     }
 

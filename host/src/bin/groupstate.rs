@@ -336,9 +336,9 @@ fn run(args: RunArgs) -> Result<()> {
         let st = &summary.stages;
         let ms = |ns: u64| ns / 1_000_000;
         eprintln!(
-            "groupstate: time: read {} ms, decode+group {} ms, state load {} ms, plugin {} ms, commit {} ms",
-            ms(st.read_ns),
-            ms(st.decode_group_ns),
+            "groupstate: time: read+decode {} ms (waited for {} ms), state load {} ms, plugin {} ms, commit {} ms",
+            ms(st.read_decode_ns),
+            ms(st.input_wait_ns),
             ms(st.state_load_ns),
             ms(st.plugin_ns),
             ms(st.commit_ns)
