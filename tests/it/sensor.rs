@@ -66,6 +66,16 @@ fn resume_and_batch_sizes_give_the_same_output() {
     assert_eq!(second.run.records, 165_000, "the resumed run reads only the rest");
     assert_eq!(sorted_lines(&two.join("out.jsonl")), one_lines);
 
+    // Batches bounded by bytes: each ends after the line that reaches 100 kB.
+    let three = dir.path().join("three");
+    let mut config3 = sensor_config(&input, &three);
+    config3.batch_bytes_max = 100_000;
+    let bytes = std::fs::metadata(&input).unwrap().len();
+    let by_bytes = run(config3, NOW_MS);
+    let (fewest, most) = (bytes / (100_000 + 200), bytes.div_ceil(100_000) + 1);
+    assert!((fewest..=most).contains(&by_bytes.batches), "{} batches for {bytes} bytes", by_bytes.batches);
+    assert_eq!(sorted_lines(&three.join("out.jsonl")), one_lines);
+
     // A rerun after completion emits nothing new.
     let before = std::fs::read(two.join("out.jsonl")).unwrap();
     let third = run(config, NOW_MS + 2000);
