@@ -221,7 +221,11 @@ impl Preparer {
         match self {
             Self::InLine { source, decoder, clock } => prepare(source, decoder, clock.as_ref(), &req),
             Self::Ahead { requests, replies, outstanding } => {
-                let gone = || SourceError::Thread("the input thread stopped".into());
+                let gone = || {
+                    SourceError::Thread(
+                        "the input thread stopped; run again to resume from the last committed batch".into(),
+                    )
+                };
                 match outstanding.take() {
                     Some(sent) if sent == req => return replies.recv().map_err(|_| gone())?,
                     // Not the batch wanted: wait for it and drop it.
