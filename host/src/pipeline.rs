@@ -1,6 +1,6 @@
-//! The engine: plans micro-batches (write-ahead), decodes and groups records, calls
-//! the plugin per key and per expired timeout, and commits state, timers, input
-//! position and output lengths atomically.
+//! The engine: plans micro-batches (write-ahead) over batches read and grouped by
+//! `prepare.rs`, calls the plugin per key and per expired timeout, and commits state,
+//! timers, input position and output lengths atomically.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -13,7 +13,7 @@ use crate::decode::Decoder;
 use crate::plugin::{
     CallError, CallOutcome, CallRequest, Event, Plugin, PluginError, PluginInfo, Runtime, StagedValue,
 };
-use crate::prepare::{Groups, Prepared, Preparer, Request};
+use crate::prepare::{Prepared, Preparer, Request};
 use crate::sink::{Sink, SinkError};
 use crate::source::{Source, SourceError};
 use crate::store::{BatchPlan, Checkpoint, Counters, KeyChange, KeyRecord, PipelineIdentity, Store, StoreError};
@@ -561,18 +561,17 @@ impl Pipeline {
             self.store.write_plan(&plan)?;
         }
         // The next batch is read and decoded meanwhile, on the input thread.
-        let max_event_time_ms = max_option(self.checkpoint.max_event_time_ms, prepared.max_event_time_ms);
+        let max_event_time_ms = self.checkpoint.max_event_time_ms.max(prepared.max_event_time_ms);
         let next = self.new_batch_request(
             plan.batch_id + 1,
             prepared.end_offset,
             self.watermark_after(max_event_time_ms, plan.watermark_ms),
         );
         self.input.prefetch(next);
-        let mut batch = Batch::new(plan, self.checkpoint.counters);
-        batch.records = prepared.records;
-        batch.max_event_time_ms = prepared.max_event_time_ms;
-        batch.counters.records += prepared.records;
-        batch.counters.events += prepared.events;
+        let records = prepared.records;
+        let mut batch = Batch::new(plan, self.checkpoint.counters, max_event_time_ms);
+        batch.counters.records += records;
+        batch.counters.events += prepared.groups.iter().map(|(_, events)| events.len() as u64).sum::<u64>();
         batch.counters.late += prepared.late_lines.len() as u64;
         batch.counters.bad_records += prepared.bad_lines.len() as u64;
         let result = self.process(&mut batch, prepared).and_then(|()| {
@@ -592,7 +591,7 @@ impl Pipeline {
         }
         Ok(BatchReport {
             batch_id: batch.plan.batch_id,
-            records: batch.records,
+            records,
             keys: batch.data_keys,
             timeouts: batch.timeout_keys,
             replayed,
@@ -607,7 +606,7 @@ impl Pipeline {
         for line in &prepared.bad_lines {
             self.dead_letter.push_line(line)?;
         }
-        let groups: Groups = prepared.groups;
+        let groups = prepared.groups;
         batch.data_keys = groups.len() as u64;
         for (key, events) in &groups {
             self.call_key(batch, key, events, None)?;
@@ -750,17 +749,16 @@ impl Pipeline {
     fn commit(&mut self, batch: &mut Batch) -> Result<(), Error> {
         let plan = &batch.plan;
         let durable = self.config.durable_commits;
-        let mut next = Checkpoint {
+        let next = Checkpoint {
             next_batch_id: plan.batch_id + 1,
             input_offset: plan.end_offset,
             output_len: self.output.prepare_commit(durable)?,
             late_len: self.late.prepare_commit(durable)?,
             dead_letter_len: self.dead_letter.prepare_commit(durable)?,
-            max_event_time_ms: self.checkpoint.max_event_time_ms,
+            max_event_time_ms: batch.max_event_time_ms,
             watermark_ms: plan.watermark_ms,
             counters: batch.counters,
         };
-        next.max_event_time_ms = max_option(next.max_event_time_ms, batch.max_event_time_ms);
         self.store.commit(&batch.changes, &next, durable)?;
         for sink in [&mut self.output, &mut self.late, &mut self.dead_letter] {
             sink.committed();
@@ -777,23 +775,15 @@ struct Batch {
     plan: BatchPlan,
     counters: Counters,
     changes: Vec<KeyChange>,
+    /// The largest event time of the committed batches and this one.
     max_event_time_ms: Option<i64>,
-    records: u64,
     data_keys: u64,
     timeout_keys: u64,
 }
 
 impl Batch {
-    fn new(plan: BatchPlan, counters: Counters) -> Self {
-        Self { plan, counters, changes: Vec::new(), max_event_time_ms: None, records: 0, data_keys: 0, timeout_keys: 0 }
-    }
-}
-
-/// The larger of two optional values.
-fn max_option(a: Option<i64>, b: Option<i64>) -> Option<i64> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.max(b)),
-        (a, b) => a.or(b),
+    fn new(plan: BatchPlan, counters: Counters, max_event_time_ms: Option<i64>) -> Self {
+        Self { plan, counters, changes: Vec::new(), max_event_time_ms, data_keys: 0, timeout_keys: 0 }
     }
 }
 

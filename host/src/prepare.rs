@@ -55,8 +55,6 @@ pub(crate) struct Prepared {
     pub bad_lines: Vec<String>,
     /// Records read (good, late and bad).
     pub records: u64,
-    /// Records grouped.
-    pub events: u64,
     /// The largest event time among the grouped records.
     pub max_event_time_ms: Option<i64>,
     /// Stdin has closed.
@@ -118,10 +116,8 @@ fn prepare(source: &mut Source, decoder: &Decoder, clock: &dyn Clock, req: &Requ
         };
         out.groups[slot].1.push(Event { event_time_ms, payload: text });
         out.records += 1;
-        out.events += 1;
-        if let Some(t) = event_time_ms {
-            out.max_event_time_ms = Some(out.max_event_time_ms.map_or(t, |m| m.max(t)));
-        }
+        // `None` orders below every `Some`.
+        out.max_event_time_ms = out.max_event_time_ms.max(event_time_ms);
         Ok(true)
     })?;
     if let Some(offset) = cut {
