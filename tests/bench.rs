@@ -312,7 +312,7 @@ impl StateFunction for NativeSensor {
 /// Fills a fresh state dir with `keys` keys, each holding a value and a timer far in
 /// the future, committed in chunks.
 fn prefill(dir: &Path, keys: u64) {
-    let store = Store::open(&dir.join("store"), 64 << 20).expect("open store");
+    let mut store = Store::open(&dir.join("store"), 64 << 20, 64 << 20).expect("open store");
     let mut changes = Vec::with_capacity(100_000);
     let mut checkpoint = Checkpoint::default();
     let timers = std::env::var_os("BENCH_IDLE_WITHOUT_TIMERS").is_none();
@@ -326,12 +326,12 @@ fn prefill(dir: &Path, keys: u64) {
         };
         changes.push(KeyChange { key: format!("idle-{i:08}"), before: None, after: Some(record) });
         if changes.len() == 100_000 || i + 1 == keys {
-            store.commit(&changes, &checkpoint, false).expect("commit");
-            changes.clear();
+            store.commit(std::mem::take(&mut changes), &checkpoint, false).expect("commit");
         }
     }
     checkpoint.next_batch_id = 0;
-    store.commit(&[], &checkpoint, true).expect("flush");
+    store.commit(Vec::new(), &checkpoint, true).expect("commit");
+    store.flush().expect("flush");
 }
 
 fn timers(keys: &[u64], batches: usize) {

@@ -13,7 +13,7 @@ const CONFIG: Configuration<LittleEndian, Fixint> =
 
 /// Records larger than this are refused on decode: no host record comes near it, so a
 /// larger length prefix means corruption, not data.
-const RECORD_BYTES_MAX: usize = 256 << 20;
+pub(crate) const RECORD_BYTES_MAX: usize = 256 << 20;
 
 /// A record could not be decoded: the bytes are corrupt or were written by an
 /// incompatible version of groupstate.
@@ -29,11 +29,17 @@ pub struct DecodeError {
 
 /// Encodes `value`; encoding plain host records into a `Vec` cannot fail.
 pub(crate) fn encode<T: Encode>(value: &T) -> Vec<u8> {
-    match bincode::encode_to_vec(value, CONFIG) {
-        Ok(bytes) => bytes,
+    let mut bytes = Vec::new();
+    encode_into(&mut bytes, value);
+    bytes
+}
+
+/// Appends the encoding of `value` to `bytes`.
+pub(crate) fn encode_into<T: Encode>(bytes: &mut Vec<u8>, value: &T) {
+    if let Err(e) = bincode::encode_into_std_write(value, bytes, CONFIG) {
         // Our record types contain only integers, byte vectors and strings: bincode
         // fails only on writer errors, and a Vec writer has none.
-        Err(e) => unreachable!("encoding a host record into a Vec failed: {e}"),
+        unreachable!("encoding a host record into a Vec failed: {e}")
     }
 }
 

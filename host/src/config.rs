@@ -132,6 +132,9 @@ pub struct Limits {
     pub timeouts_per_batch_max: usize,
     /// sled's page cache (default 64 MiB).
     pub store_cache_bytes: u64,
+    /// Committed state changes buffered in memory and in the store's redo log before
+    /// they are folded into sled (default 32 MiB); a restart replays at most this much.
+    pub store_buffer_bytes: u64,
 }
 
 impl Default for Limits {
@@ -148,6 +151,7 @@ impl Default for Limits {
             line_bytes_max: 1 << 20,
             timeouts_per_batch_max: 100_000,
             store_cache_bytes: 64 << 20,
+            store_buffer_bytes: 32 << 20,
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod decode;
 pub mod pipeline;
 pub mod plugin;
 mod prepare;
+mod redo;
 pub mod reload;
 pub mod sink;
 pub mod source;

@@ -265,7 +265,11 @@ impl Pipeline {
         plugin: Box<dyn StateFunction>,
     ) -> Result<Self, Error> {
         config.validate()?;
-        let store = Store::open(&config.state_dir.join("store"), config.limits.store_cache_bytes)?;
+        let store = Store::open(
+            &config.state_dir.join("store"),
+            config.limits.store_cache_bytes,
+            config.limits.store_buffer_bytes,
+        )?;
         check_identity(&store, &config)?;
         let checkpoint = store.checkpoint()?.unwrap_or_default();
         let info = plugin.info();
@@ -429,7 +433,10 @@ impl Pipeline {
                 None => break,
             }
         }
+        // The run's last fold is part of committing.
+        let started = self.clock.monotonic_ns();
         self.store.flush()?;
+        self.stages.commit_ns += self.since(started);
         let total = self.checkpoint.counters;
         Ok(RunSummary {
             batches,
@@ -759,7 +766,7 @@ impl Pipeline {
             watermark_ms: plan.watermark_ms,
             counters: batch.counters,
         };
-        self.store.commit(&batch.changes, &next, durable)?;
+        self.store.commit(std::mem::take(&mut batch.changes), &next, durable)?;
         for sink in [&mut self.output, &mut self.late, &mut self.dead_letter] {
             sink.committed();
         }

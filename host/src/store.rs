@@ -1,26 +1,43 @@
 //! The state store: the only module that touches sled.
 //!
-//! One sled tree holds everything, under one-byte prefixes, so that a batch's state
-//! changes, timer changes and checkpoint go in with a single atomic `apply_batch`
-//! (cheaper than a multi-tree transaction, and just as atomic through a crash):
+//! Committed state lives in two places. sled holds everything up to the last *fold*,
+//! in one tree under one-byte prefixes:
 //!
 //! | prefix | key | value |
 //! | --- | --- | --- |
 //! | `s` | group key | [`KeyRecord`]: state value, timeout deadline, schema version |
 //! | `t` | deadline (order-preserving 8 bytes) ++ group key | empty: the deadline index |
-//! | `m` | `checkpoint`, `plan`, `pipeline` | [`Checkpoint`], [`BatchPlan`], [`PipelineIdentity`] |
+//! | `m` | `checkpoint`, `folded`, `plan`, `pipeline` | [`Checkpoint`], sequence number of the last folded commit, [`BatchPlan`], [`PipelineIdentity`] |
 //!
-//! Firing timeouts scans the `t` range below the threshold only: O(expired keys).
+//! The commits since then are in the redo log (`redo.log` beside sled's files, see
+//! `redo.rs`) and, merged per key, in memory (the overlay). A batch commits with one
+//! append to the log (fsync'd when durable) and no sled write: sled's cost per write
+//! grows with the size of its tree, an append's does not, and a key updated in many
+//! batches is written to sled once per fold. A fold writes the overlay, the checkpoint
+//! and the folded sequence number with one atomic `apply_batch`, flushes sled and
+//! empties the log; it runs when the overlay or the log outgrows `buffer_bytes`, at
+//! the end of a run ([`Store::flush`]) and when the store opens, after replaying the
+//! log. Reads see the overlay first, then sled.
+//!
+//! Firing timeouts scans the `t` range below the threshold only, merged with the
+//! overlay's timers: O(expired keys + overlay entries below the threshold).
 
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::iter::Peekable;
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
 use bincode::{Decode, Encode};
 
 use crate::codec;
+use crate::redo::RedoLog;
 
 const PREFIX_STATE: u8 = b's';
 const PREFIX_TIMER: u8 = b't';
 const META_CHECKPOINT: &[u8] = b"mcheckpoint";
+const META_FOLDED: &[u8] = b"mfolded";
+/// The redo log's file name, in sled's directory (sled ignores files it did not make).
+const REDO_LOG: &str = "redo.log";
 const META_PLAN: &[u8] = b"mplan";
 const META_PIPELINE: &[u8] = b"mpipeline";
 
@@ -51,6 +68,14 @@ pub enum StoreError {
         what: &'static str,
         /// sled's error.
         cause: sled::Error,
+    },
+    /// The redo log could not be read or written.
+    #[error("state store: redo log {path}: {cause}; check the disk (space, permissions) and run again")]
+    Log {
+        /// The log file.
+        path: PathBuf,
+        /// The I/O error.
+        cause: std::io::Error,
     },
     /// A stored record is corrupt.
     #[error(transparent)]
@@ -169,11 +194,84 @@ pub struct KeyChange {
 pub struct Store {
     db: sled::Db,
     tree: sled::Tree,
+    log: RedoLog,
+    overlay: Overlay,
+    /// The last committed checkpoint (folded or in the log).
+    checkpoint: Option<Checkpoint>,
+    /// The sequence number of the last commit.
+    seq: u64,
+    /// The overlay's and the log's budget before a fold.
+    buffer_bytes: u64,
 }
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").finish_non_exhaustive()
+        f.debug_struct("Store").field("seq", &self.seq).field("log_bytes", &self.log.len()).finish_non_exhaustive()
+    }
+}
+
+/// Committed changes not yet folded into sled, merged per key.
+#[derive(Default)]
+struct Overlay {
+    records: HashMap<String, Dirty>,
+    /// Deadline index entries that sled lacks.
+    timers_added: BTreeSet<(i64, String)>,
+    /// Deadline index entries that sled has and that no longer hold.
+    timers_removed: HashSet<(i64, String)>,
+    /// About how much memory the above take.
+    bytes: u64,
+}
+
+struct Dirty {
+    /// The committed record (`None`: the key is deleted).
+    now: Option<KeyRecord>,
+    /// The deadline of the record sled holds for the key.
+    sled_timer: Option<i64>,
+}
+
+/// What the overlay is charged for an entry beyond its key and value bytes (map
+/// slots, string and vector headers): an estimate, not a measure.
+const OVERLAY_ENTRY_BYTES: u64 = 96;
+
+fn record_bytes(key: &str, record: Option<&KeyRecord>) -> u64 {
+    (key.len() + record.and_then(|r| r.value.as_ref()).map_or(0, Vec::len)) as u64 + OVERLAY_ENTRY_BYTES
+}
+
+impl Overlay {
+    /// Applies one committed change; `before_timer` is the deadline of the key's
+    /// committed record before it.
+    fn apply(&mut self, key: String, before_timer: Option<i64>, after: Option<KeyRecord>) {
+        let after_timer = after.as_ref().and_then(|r| r.timeout_ms);
+        if before_timer != after_timer {
+            if let Some(deadline) = before_timer {
+                let entry = (deadline, key.clone());
+                if self.timers_added.remove(&entry) {
+                    self.bytes -= record_bytes(&key, None);
+                } else {
+                    self.bytes += record_bytes(&key, None);
+                    self.timers_removed.insert(entry);
+                }
+            }
+            if let Some(deadline) = after_timer {
+                let entry = (deadline, key.clone());
+                if self.timers_removed.remove(&entry) {
+                    self.bytes -= record_bytes(&key, None);
+                } else {
+                    self.bytes += record_bytes(&key, None);
+                    self.timers_added.insert(entry);
+                }
+            }
+        }
+        self.bytes += record_bytes(&key, after.as_ref());
+        match self.records.entry(key) {
+            std::collections::hash_map::Entry::Occupied(mut entry) => {
+                let old = std::mem::replace(&mut entry.get_mut().now, after);
+                self.bytes -= record_bytes(entry.key(), old.as_ref());
+            }
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                entry.insert(Dirty { now: after, sled_timer: before_timer });
+            }
+        }
     }
 }
 
@@ -221,14 +319,16 @@ fn parse_timer_key(raw: &[u8]) -> Result<(i64, String)> {
 }
 
 impl Store {
-    /// Opens (or creates) the store in `dir`. `cache_bytes` bounds sled's page cache.
-    pub fn open(dir: &Path, cache_bytes: u64) -> Result<Self> {
+    /// Opens (or creates) the store in `dir`, replaying and folding the redo log.
+    /// `cache_bytes` is sled's page cache; `buffer_bytes` bounds the committed changes
+    /// held in memory and in the redo log before they are folded into sled.
+    pub fn open(dir: &Path, cache_bytes: u64, buffer_bytes: u64) -> Result<Self> {
         let open_err = |cause| StoreError::Open { path: dir.to_owned(), cause };
         let config = sled::Config::new()
             .path(dir)
             .cache_capacity(cache_bytes)
-            // The engine flushes at every commit when asked to; the background flush
-            // only bounds how much a crash can lose when it is not.
+            // Folds flush sled themselves; the background flush only bounds what a
+            // crash can lose of the other writes (plans, the pipeline identity).
             .flush_every_ms(Some(1000));
         // sled releases its file lock only when its background flusher has exited,
         // shortly after the `Db` is dropped; a reopen within the same process may
@@ -244,7 +344,42 @@ impl Store {
             }
         };
         let tree = db.open_tree("groupstate").map_err(open_err)?;
-        Ok(Self { db, tree })
+        let folded: u64 = match tree.get(META_FOLDED).map_err(io("read metadata"))? {
+            Some(bytes) => codec::decode("folded sequence number", &bytes)?,
+            None => 0,
+        };
+        let checkpoint = match tree.get(META_CHECKPOINT).map_err(io("read metadata"))? {
+            Some(bytes) => Some(codec::decode("checkpoint", &bytes)?),
+            None => None,
+        };
+        let mut overlay = Overlay::default();
+        let (mut seq, mut last_checkpoint) = (folded, checkpoint);
+        let read_sled = |key: &str| read_record(&tree, key);
+        let log = RedoLog::open(&dir.join(REDO_LOG), |commit| {
+            if commit.seq <= folded {
+                // Folded already: the run stopped between the fold and emptying the log.
+                return Ok(());
+            }
+            if commit.seq != seq + 1 {
+                return Err(StoreError::Corrupt(format!(
+                    "redo log commit {} follows commit {seq}: a commit is missing",
+                    commit.seq
+                )));
+            }
+            for (key, after) in commit.changes {
+                let before = match overlay.records.get(&key) {
+                    Some(dirty) => dirty.now.clone(),
+                    None => read_sled(&key)?,
+                };
+                overlay.apply(key, before.and_then(|r| r.timeout_ms), after);
+            }
+            seq = commit.seq;
+            last_checkpoint = Some(commit.checkpoint);
+            Ok(())
+        })?;
+        let mut store = Self { db, tree, log, overlay, checkpoint: last_checkpoint, seq, buffer_bytes };
+        store.fold()?;
+        Ok(store)
     }
 
     fn get_meta<T: Decode<()>>(&self, name: &'static str, key: &[u8]) -> Result<Option<T>> {
@@ -256,7 +391,7 @@ impl Store {
 
     /// The last committed checkpoint, or `None` for a new state dir.
     pub fn checkpoint(&self) -> Result<Option<Checkpoint>> {
-        self.get_meta("checkpoint", META_CHECKPOINT)
+        Ok(self.checkpoint.clone())
     }
 
     /// The pipeline identity recorded at the first run, if any.
@@ -270,9 +405,12 @@ impl Store {
         Ok(())
     }
 
-    /// The planned but uncommitted batch, if a run stopped in the middle of one.
+    /// The planned but uncommitted batch, if a run stopped in the middle of one. A
+    /// plan stays in sled after its batch commits, until the next plan replaces it;
+    /// such a plan is not pending.
     pub fn pending_plan(&self) -> Result<Option<BatchPlan>> {
-        self.get_meta("batch plan", META_PLAN)
+        let next = self.checkpoint.as_ref().map_or(0, |c| c.next_batch_id);
+        Ok(self.get_meta::<BatchPlan>("batch plan", META_PLAN)?.filter(|plan| plan.batch_id >= next))
     }
 
     /// Writes the plan of the batch about to run (before any of its effects).
@@ -282,77 +420,139 @@ impl Store {
         Ok(())
     }
 
-    /// Loads a key's record.
+    /// Loads a key's committed record.
     pub fn get(&self, key: &str) -> Result<Option<KeyRecord>> {
-        let Some(bytes) = self.tree.get(state_key(key)).map_err(io("read state"))? else {
-            return Ok(None);
-        };
-        let record: KeyRecord = codec::decode("key record", &bytes)?;
-        if record.is_empty() {
-            return Err(StoreError::Corrupt(format!("empty record stored for key {key:?}")));
+        match self.overlay.records.get(key) {
+            Some(dirty) => Ok(dirty.now.clone()),
+            None => read_record(&self.tree, key),
         }
-        Ok(Some(record))
     }
 
     /// Up to `limit` timers with a deadline strictly below `threshold_ms`, in
     /// (deadline, key) order.
     pub fn expired_timers(&self, threshold_ms: i64, limit: usize) -> Result<Vec<(i64, String)>> {
+        self.timers(Some(threshold_ms)).take(limit).collect()
+    }
+
+    /// The deadline index below `threshold` (all of it for `None`), in (deadline, key)
+    /// order: sled's entries less those the overlay removed, merged with those it added.
+    fn timers(&self, threshold: Option<i64>) -> impl Iterator<Item = Result<(i64, String)>> + '_ {
         let start = vec![PREFIX_TIMER];
-        let mut end = vec![PREFIX_TIMER];
-        end.extend_from_slice(&ordered_i64(threshold_ms));
-        let mut expired = Vec::new();
-        for entry in self.tree.range(start..end).take(limit) {
-            let (raw, _) = entry.map_err(io("scan timers"))?;
-            expired.push(parse_timer_key(&raw)?);
-        }
-        Ok(expired)
+        let end = match threshold {
+            Some(t) => {
+                let mut end = vec![PREFIX_TIMER];
+                end.extend_from_slice(&ordered_i64(t));
+                end
+            }
+            None => vec![PREFIX_TIMER + 1],
+        };
+        let removed = &self.overlay.timers_removed;
+        let stored = self
+            .tree
+            .range(start..end)
+            .map(|entry| parse_timer_key(&entry.map_err(io("scan timers"))?.0))
+            .filter(move |entry| !matches!(entry, Ok(timer) if removed.contains(timer)));
+        let upper = match threshold {
+            Some(t) => Bound::Excluded((t, String::new())),
+            None => Bound::Unbounded,
+        };
+        let added = self.overlay.timers_added.range((Bound::Unbounded, upper)).map(|t| Ok(t.clone()));
+        MergeSorted { a: stored.peekable(), b: added.peekable(), le: |x, y| x <= y }
     }
 
-    /// Commits one batch atomically: every key change, its timer index entries, the
-    /// checkpoint, and the removal of the batch plan. With `durable`, waits until it
-    /// is on disk.
-    pub fn commit(&self, changes: &[KeyChange], checkpoint: &Checkpoint, durable: bool) -> Result<()> {
-        let mut batch = sled::Batch::default();
+    /// Commits one batch atomically: every key change with its timer index entries,
+    /// and the checkpoint (a pending plan is no longer pending once its batch id is
+    /// below the checkpoint's). With `durable`, waits until it is on disk. Folds into
+    /// sled when the buffered changes outgrow their budget.
+    pub fn commit(&mut self, changes: Vec<KeyChange>, checkpoint: &Checkpoint, durable: bool) -> Result<()> {
+        for change in &changes {
+            // Assert at the storage boundary: an empty record must be a delete.
+            assert!(
+                change.after.as_ref().is_none_or(|r| !r.is_empty()),
+                "empty record for key {:?} reached the store",
+                change.key
+            );
+            assert!(change.key.len() <= KEY_BYTES_MAX, "over-long key reached the store");
+        }
+        self.log.append(self.seq + 1, &changes, checkpoint, durable)?;
+        self.seq += 1;
         for change in changes {
-            add_change(&mut batch, change);
+            self.overlay.apply(change.key, change.before.and_then(|r| r.timeout_ms), change.after);
         }
-        batch.insert(META_CHECKPOINT, codec::encode(checkpoint));
-        batch.remove(META_PLAN);
-        self.tree.apply_batch(batch).map_err(io("commit batch"))?;
-        if durable {
-            self.db.flush().map_err(io("flush commit"))?;
+        self.checkpoint = Some(checkpoint.clone());
+        if self.overlay.bytes > self.buffer_bytes || self.log.len() > self.buffer_bytes {
+            self.fold()?;
         }
         Ok(())
     }
 
-    /// Waits until everything written so far is on disk.
-    pub fn flush(&self) -> Result<()> {
-        self.db.flush().map_err(io("flush"))?;
+    /// Writes the overlay and the checkpoint into sled in one atomic batch, flushes
+    /// sled, then empties the redo log.
+    fn fold(&mut self) -> Result<()> {
+        if self.log.len() == 0 {
+            // Nothing committed since the last fold (the overlay fills only through
+            // the log).
+            self.db.flush().map_err(io("flush sled"))?;
+            return Ok(());
+        }
+        let mut batch = sled::Batch::default();
+        for (key, dirty) in &self.overlay.records {
+            add_change(&mut batch, key, dirty.sled_timer, dirty.now.as_ref());
+        }
+        if let Some(checkpoint) = &self.checkpoint {
+            batch.insert(META_CHECKPOINT, codec::encode(checkpoint));
+        }
+        batch.insert(META_FOLDED, codec::encode(&self.seq));
+        self.tree.apply_batch(batch).map_err(io("fold the redo log into sled"))?;
+        self.db.flush().map_err(io("flush sled"))?;
+        self.log.clear()?;
+        self.overlay = Overlay::default();
         Ok(())
+    }
+
+    /// Folds everything committed into sled and waits until it is on disk (the end of
+    /// a run).
+    pub fn flush(&mut self) -> Result<()> {
+        self.fold()
+    }
+
+    /// How many committed changes are buffered (in the overlay, not yet in sled).
+    pub fn buffered_keys(&self) -> usize {
+        self.overlay.records.len()
     }
 
     /// All key records in key order (for `groupstate state` and tests).
     pub fn iter_keys(&self) -> impl Iterator<Item = Result<(String, KeyRecord)>> + '_ {
-        self.tree.scan_prefix([PREFIX_STATE]).map(|entry| {
-            let (raw, bytes) = entry.map_err(io("scan state"))?;
-            let key = std::str::from_utf8(&raw[1..])
-                .map_err(|_| StoreError::Corrupt("state key is not UTF-8".into()))?
-                .to_owned();
-            let record = codec::decode("key record", &bytes)?;
-            Ok((key, record))
-        })
+        let overlay = &self.overlay.records;
+        let stored = self
+            .tree
+            .scan_prefix([PREFIX_STATE])
+            .map(|entry| {
+                let (raw, bytes) = entry.map_err(io("scan state"))?;
+                let key = std::str::from_utf8(&raw[1..])
+                    .map_err(|_| StoreError::Corrupt("state key is not UTF-8".into()))?
+                    .to_owned();
+                let record = codec::decode("key record", &bytes)?;
+                Ok((key, record))
+            })
+            .filter(move |entry| !matches!(entry, Ok((key, _)) if overlay.contains_key(key)));
+        let mut buffered: Vec<(String, KeyRecord)> =
+            overlay.iter().filter_map(|(k, d)| d.now.clone().map(|r| (k.clone(), r))).collect();
+        buffered.sort_by(|a, b| a.0.cmp(&b.0));
+        MergeSorted { a: stored.peekable(), b: buffered.into_iter().map(Ok).peekable(), le: |x, y| x.0 <= y.0 }
     }
 
     /// All timers in (deadline, key) order.
     pub fn iter_timers(&self) -> impl Iterator<Item = Result<(i64, String)>> + '_ {
-        self.tree.scan_prefix([PREFIX_TIMER]).map(|entry| {
-            let (raw, _) = entry.map_err(io("scan timers"))?;
-            parse_timer_key(&raw)
-        })
+        self.timers(None)
     }
 
     /// Checks that the timer index and the key records agree (tests and `state check`).
     pub fn check_consistency(&self) -> Result<()> {
+        let mut timers = HashSet::new();
+        for entry in self.iter_timers() {
+            timers.insert(entry?);
+        }
         let mut with_timeout = 0usize;
         for entry in self.iter_keys() {
             let (key, record) = entry?;
@@ -361,43 +561,71 @@ impl Store {
             }
             if let Some(deadline) = record.timeout_ms {
                 with_timeout += 1;
-                let indexed = self.tree.contains_key(timer_key(deadline, &key)).map_err(io("read timer"))?;
-                if !indexed {
+                if !timers.contains(&(deadline, key.clone())) {
                     return Err(StoreError::Corrupt(format!(
                         "key {key:?} has a timeout at {deadline} missing from the index"
                     )));
                 }
             }
         }
-        let indexed = self.iter_timers().count();
-        if indexed != with_timeout {
+        if timers.len() != with_timeout {
             return Err(StoreError::Corrupt(format!(
-                "{indexed} timer index entries for {with_timeout} keys with a timeout"
+                "{} timer index entries for {with_timeout} keys with a timeout",
+                timers.len()
             )));
         }
         Ok(())
     }
 }
 
-fn add_change(batch: &mut sled::Batch, change: &KeyChange) {
-    let before_timer = change.before.as_ref().and_then(|r| r.timeout_ms);
-    let after_timer = change.after.as_ref().and_then(|r| r.timeout_ms);
+fn read_record(tree: &sled::Tree, key: &str) -> Result<Option<KeyRecord>> {
+    let Some(bytes) = tree.get(state_key(key)).map_err(io("read state"))? else {
+        return Ok(None);
+    };
+    let record: KeyRecord = codec::decode("key record", &bytes)?;
+    if record.is_empty() {
+        return Err(StoreError::Corrupt(format!("empty record stored for key {key:?}")));
+    }
+    Ok(Some(record))
+}
+
+/// Two iterators sorted by `le`, merged into one sorted iterator (an error comes out
+/// as soon as it is met).
+struct MergeSorted<T, A: Iterator<Item = Result<T>>, B: Iterator<Item = Result<T>>> {
+    a: Peekable<A>,
+    b: Peekable<B>,
+    le: fn(&T, &T) -> bool,
+}
+
+impl<T, A: Iterator<Item = Result<T>>, B: Iterator<Item = Result<T>>> Iterator for MergeSorted<T, A, B> {
+    type Item = Result<T>;
+
+    fn next(&mut self) -> Option<Result<T>> {
+        let take_a = match (self.a.peek(), self.b.peek()) {
+            (None, None) => return None,
+            (Some(_), None) | (Some(Err(_)), _) => true,
+            (None, Some(_)) | (_, Some(Err(_))) => false,
+            (Some(Ok(x)), Some(Ok(y))) => (self.le)(x, y),
+        };
+        if take_a { self.a.next() } else { self.b.next() }
+    }
+}
+
+/// Adds one key's change to a sled batch: its record, and its deadline index entry
+/// moved from `before_timer` (the deadline sled holds) to the record's.
+fn add_change(batch: &mut sled::Batch, key: &str, before_timer: Option<i64>, after: Option<&KeyRecord>) {
+    let after_timer = after.and_then(|r| r.timeout_ms);
     if before_timer != after_timer {
         if let Some(deadline) = before_timer {
-            batch.remove(timer_key(deadline, &change.key));
+            batch.remove(timer_key(deadline, key));
         }
         if let Some(deadline) = after_timer {
-            batch.insert(timer_key(deadline, &change.key), &[] as &[u8]);
+            batch.insert(timer_key(deadline, key), &[] as &[u8]);
         }
     }
-    match &change.after {
-        Some(record) => {
-            // Assert at the storage boundary: an empty record must be a delete.
-            assert!(!record.is_empty(), "empty record for key {:?} reached the store", change.key);
-            assert!(change.key.len() <= KEY_BYTES_MAX, "over-long key reached the store");
-            batch.insert(state_key(&change.key), codec::encode(record));
-        }
-        None => batch.remove(state_key(&change.key)),
+    match after {
+        Some(record) => batch.insert(state_key(key), codec::encode(record)),
+        None => batch.remove(state_key(key)),
     }
 }
 
@@ -423,7 +651,7 @@ mod tests {
     fn commit_moves_timers_and_survives_reopen() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let store = Store::open(dir.path(), 1 << 20).unwrap();
+            let mut store = Store::open(dir.path(), 1 << 20, 1 << 20).unwrap();
             assert_eq!(store.checkpoint().unwrap(), None);
             let changes = vec![
                 KeyChange { key: "a".into(), before: None, after: rec(Some(b"1"), Some(100)) },
@@ -431,7 +659,7 @@ mod tests {
                 KeyChange { key: "c".into(), before: None, after: rec(Some(b"3"), None) },
             ];
             let cp = Checkpoint { next_batch_id: 1, input_offset: 10, ..Checkpoint::default() };
-            store.commit(&changes, &cp, true).unwrap();
+            store.commit(changes, &cp, true).unwrap();
             assert_eq!(store.expired_timers(100, 10).unwrap(), vec![(50, "b".to_owned())]);
             assert_eq!(store.expired_timers(101, 1).unwrap(), vec![(50, "b".to_owned())]);
             // Move a's timer, drop b entirely.
@@ -440,9 +668,9 @@ mod tests {
                 KeyChange { key: "b".into(), before: rec(None, Some(50)), after: None },
             ];
             let cp2 = Checkpoint { next_batch_id: 2, input_offset: 20, ..Checkpoint::default() };
-            store.commit(&changes, &cp2, true).unwrap();
+            store.commit(changes, &cp2, true).unwrap();
         }
-        let store = Store::open(dir.path(), 1 << 20).unwrap();
+        let store = Store::open(dir.path(), 1 << 20, 1 << 20).unwrap();
         assert_eq!(store.checkpoint().unwrap().unwrap().input_offset, 20);
         assert_eq!(store.expired_timers(i64::MAX, 10).unwrap(), vec![(300, "a".to_owned())]);
         assert_eq!(store.get("a").unwrap().unwrap().value.as_deref(), Some(&b"2"[..]));
@@ -451,14 +679,111 @@ mod tests {
         store.check_consistency().unwrap();
     }
 
+    fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_dir() {
+                copy_dir(&entry.path(), &to.join(entry.file_name()));
+            } else {
+                std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+            }
+        }
+    }
+
+    /// A crash can stop an append anywhere: cut the log at every byte of the last
+    /// commit, and the store must open at the commit before it, whole; junk after the
+    /// last commit is dropped the same way.
+    #[test]
+    fn a_torn_log_tail_opens_at_the_last_whole_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let store_dir = dir.path().join("store");
+        let log = store_dir.join(REDO_LOG);
+        let first = vec![
+            KeyChange { key: "a".into(), before: None, after: rec(Some(b"1"), Some(100)) },
+            KeyChange { key: "b".into(), before: None, after: rec(Some(b"2"), None) },
+        ];
+        let second = vec![
+            KeyChange { key: "a".into(), before: rec(Some(b"1"), Some(100)), after: rec(Some(b"9"), Some(40)) },
+            KeyChange { key: "b".into(), before: rec(Some(b"2"), None), after: None },
+            KeyChange { key: "c".into(), before: None, after: rec(Some(b"3"), Some(7)) },
+        ];
+        let cp1 = Checkpoint { next_batch_id: 1, input_offset: 10, ..Checkpoint::default() };
+        let cp2 = Checkpoint { next_batch_id: 2, input_offset: 20, ..Checkpoint::default() };
+        let (after_first, after_second) = {
+            let mut store = Store::open(&store_dir, 1 << 20, 1 << 20).unwrap();
+            store.commit(first, &cp1, true).unwrap();
+            let after_first = std::fs::metadata(&log).unwrap().len();
+            store.commit(second, &cp2, true).unwrap();
+            (after_first, std::fs::metadata(&log).unwrap().len())
+        };
+        assert!(after_first > 0 && after_second > after_first);
+        let state = |store: &Store| -> Vec<(String, KeyRecord)> { store.iter_keys().map(Result::unwrap).collect() };
+        let cut_at = |cut: u64, junk: &[u8], flip: Option<u64>| {
+            let copy = tempfile::tempdir().unwrap();
+            copy_dir(&store_dir, copy.path());
+            let copied_log = copy.path().join(REDO_LOG);
+            let file = std::fs::OpenOptions::new().append(true).open(&copied_log).unwrap();
+            file.set_len(cut).unwrap();
+            std::io::Write::write_all(&mut &file, junk).unwrap();
+            drop(file);
+            if let Some(at) = flip {
+                let mut bytes = std::fs::read(&copied_log).unwrap();
+                bytes[at as usize] ^= 0x40;
+                std::fs::write(&copied_log, bytes).unwrap();
+            }
+            let store = Store::open(copy.path(), 1 << 20, 1 << 20).unwrap();
+            store.check_consistency().unwrap();
+            let opened = (
+                store.checkpoint().unwrap().unwrap(),
+                state(&store),
+                store.iter_timers().map(Result::unwrap).collect::<Vec<_>>(),
+            );
+            drop(store);
+            // The open folded the log into sled and emptied it; a second open agrees.
+            assert_eq!(std::fs::metadata(&copied_log).unwrap().len(), 0);
+            let again = Store::open(copy.path(), 1 << 20, 1 << 20).unwrap();
+            assert_eq!(again.checkpoint().unwrap().unwrap(), opened.0);
+            assert_eq!(state(&again), opened.1);
+            opened
+        };
+        let at_first = (
+            cp1.clone(),
+            vec![
+                ("a".to_owned(), rec(Some(b"1"), Some(100)).unwrap()),
+                ("b".to_owned(), rec(Some(b"2"), None).unwrap()),
+            ],
+            vec![(100, "a".to_owned())],
+        );
+        let at_second = (
+            cp2.clone(),
+            vec![
+                ("a".to_owned(), rec(Some(b"9"), Some(40)).unwrap()),
+                ("c".to_owned(), rec(Some(b"3"), Some(7)).unwrap()),
+            ],
+            vec![(7, "c".to_owned()), (40, "a".to_owned())],
+        );
+        for cut in after_first..after_second {
+            assert_eq!(cut_at(cut, &[], None), at_first, "log cut at byte {cut}");
+        }
+        assert_eq!(cut_at(after_second, &[], None), at_second);
+        assert_eq!(cut_at(after_second, &[0x13, 0, 0, 0, 1, 2], None), at_second);
+        assert_eq!(cut_at(after_second, &[7; 40], None), at_second);
+        // A flipped bit in the last commit (a write the crash left half done) fails
+        // its checksum: that commit is dropped whole.
+        for at in [after_first + 9, after_second - 1] {
+            assert_eq!(cut_at(after_second, &[], Some(at)), at_first, "bit flipped at byte {at}");
+        }
+    }
+
     #[test]
     fn plan_is_cleared_by_commit() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), 1 << 20).unwrap();
+        let mut store = Store::open(dir.path(), 1 << 20, 1 << 20).unwrap();
         let plan = BatchPlan { batch_id: 0, start_offset: 0, end_offset: 5, processing_time_ms: 1, watermark_ms: 0 };
         store.write_plan(&plan).unwrap();
         assert_eq!(store.pending_plan().unwrap(), Some(plan));
-        store.commit(&[], &Checkpoint::default(), false).unwrap();
+        store.commit(Vec::new(), &Checkpoint { next_batch_id: 1, ..Checkpoint::default() }, false).unwrap();
         assert_eq!(store.pending_plan().unwrap(), None);
     }
 }
@@ -509,7 +834,9 @@ mod model {
         for seed in 0..8u64 {
             let dir = tempfile::tempdir().unwrap();
             let mut rng = Rng::new(seed);
-            let mut store = Store::open(dir.path(), 1 << 20).unwrap();
+            // No buffer (a fold per commit), a small one, and one that never fills.
+            let buffer = [0, 4 << 10, 64 << 20][seed as usize % 3];
+            let mut store = Store::open(dir.path(), 1 << 20, buffer).unwrap();
             let mut model = Model::default();
             let keys: Vec<String> = (0..40).map(|i| format!("key-{i}")).collect();
             for step in 0..1500 {
@@ -534,7 +861,7 @@ mod model {
                             .collect();
                         model.checkpoint.next_batch_id += 1;
                         model.checkpoint.input_offset += rng.range(0, 100) as u64;
-                        store.commit(&changes, &model.checkpoint, rng.range(0, 2) == 0).unwrap();
+                        store.commit(changes, &model.checkpoint, rng.range(0, 2) == 0).unwrap();
                         for (k, after) in std::mem::take(&mut model.pending) {
                             match after {
                                 Some(r) => model.committed.insert(k, r),
@@ -558,7 +885,7 @@ mod model {
                     // Reboot: the uncommitted batch is lost, the rest survives.
                     _ => {
                         drop(store);
-                        store = Store::open(dir.path(), 1 << 20).unwrap();
+                        store = Store::open(dir.path(), 1 << 20, buffer).unwrap();
                         model.pending.clear();
                         let cp = store.checkpoint().unwrap().unwrap_or_default();
                         assert_eq!(cp, model.checkpoint, "{context}");
@@ -569,6 +896,12 @@ mod model {
                     for key in &keys {
                         assert_eq!(store.get(key).unwrap(), model.committed.get(key).cloned(), "{context} key {key}");
                     }
+                    // The merged views (sled and the unfolded commits) as well.
+                    store.check_consistency().unwrap_or_else(|e| panic!("{context}: {e}"));
+                    let stored: Vec<(String, KeyRecord)> = store.iter_keys().map(Result::unwrap).collect();
+                    let want: Vec<(String, KeyRecord)> =
+                        model.committed.iter().map(|(k, r)| (k.clone(), r.clone())).collect();
+                    assert_eq!(stored, want, "{context}");
                 }
             }
             store.check_consistency().unwrap();

@@ -100,6 +100,10 @@ struct RunArgs {
     /// Distinct keys per micro-batch at most [default: 20000].
     #[arg(long)]
     batch_keys: Option<usize>,
+    /// Committed state changes buffered (in memory and in the store's redo log) before
+    /// they are written into sled [default: 33554432].
+    #[arg(long)]
+    store_buffer: Option<u64>,
     /// On a failed plugin call: fail, skip or dead-letter [default: fail].
     #[arg(long)]
     on_error: Option<ErrorPolicy>,
@@ -241,6 +245,9 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
     }
     if let Some(n) = args.batch_keys {
         config.batch_keys_max = n;
+    }
+    if let Some(n) = args.store_buffer {
+        config.limits.store_buffer_bytes = n;
     }
     if let Some(p) = args.on_error {
         config.on_error = p;
@@ -407,7 +414,7 @@ fn state(args: &StateArgs) -> Result<()> {
     if !store_dir.exists() {
         bail!("{} is not a groupstate state dir (no store/ inside)", args.state_dir.display());
     }
-    let store = Store::open(&store_dir, 16 << 20)?;
+    let store = Store::open(&store_dir, 16 << 20, groupstate::Limits::default().store_buffer_bytes)?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let key_json = |key: &str, r: &groupstate::store::KeyRecord| {
