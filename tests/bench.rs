@@ -166,6 +166,14 @@ fn one(config: &str, input: &Path, batch_events: usize) {
                 pc.batch_events_max = batch_events;
             }
             pc.durable_commits = true;
+            // BENCH_STORE_BUFFER=0 folds into sled at every commit, as if there were no
+            // redo log.
+            if let Some(bytes) = std::env::var("BENCH_STORE_BUFFER").ok().and_then(|v| v.parse().ok()) {
+                pc.limits.store_buffer_bytes = bytes;
+            }
+            if let Some(bytes) = std::env::var("BENCH_STORE_CACHE").ok().and_then(|v| v.parse().ok()) {
+                pc.limits.store_cache_bytes = bytes;
+            }
             let clock: Arc<dyn Clock> = Arc::new(SystemClock);
             let mut pipeline = if config == "wasm" {
                 Pipeline::open(pc, clock)
@@ -312,7 +320,7 @@ impl StateFunction for NativeSensor {
 /// Fills a fresh state dir with `keys` keys, each holding a value and a timer far in
 /// the future, committed in chunks.
 fn prefill(dir: &Path, keys: u64) {
-    let mut store = Store::open(&dir.join("store"), 64 << 20, 64 << 20).expect("open store");
+    let mut store = Store::open(&dir.join("store"), 64 << 20, 64 << 20, 64 << 20).expect("open store");
     let mut changes = Vec::with_capacity(100_000);
     let mut checkpoint = Checkpoint::default();
     let timers = std::env::var_os("BENCH_IDLE_WITHOUT_TIMERS").is_none();

@@ -132,9 +132,12 @@ pub struct Limits {
     pub timeouts_per_batch_max: usize,
     /// sled's page cache (default 64 MiB).
     pub store_cache_bytes: u64,
-    /// Committed state changes buffered in memory and in the store's redo log before
-    /// they are folded into sled (default 32 MiB); a restart replays at most this much.
+    /// Memory for committed state changes not yet folded into sled (default 8 MiB):
+    /// a key updated in many batches within it is written to sled once.
     pub store_buffer_bytes: u64,
+    /// Size of the store's redo log before it is folded into sled (default 64 MiB); a
+    /// restart replays at most this much.
+    pub store_log_bytes: u64,
 }
 
 impl Default for Limits {
@@ -151,7 +154,8 @@ impl Default for Limits {
             line_bytes_max: 1 << 20,
             timeouts_per_batch_max: 100_000,
             store_cache_bytes: 64 << 20,
-            store_buffer_bytes: 32 << 20,
+            store_buffer_bytes: 8 << 20,
+            store_log_bytes: 64 << 20,
         }
     }
 }

@@ -269,6 +269,7 @@ impl Pipeline {
             &config.state_dir.join("store"),
             config.limits.store_cache_bytes,
             config.limits.store_buffer_bytes,
+            config.limits.store_log_bytes,
         )?;
         check_identity(&store, &config)?;
         let checkpoint = store.checkpoint()?.unwrap_or_default();

@@ -58,7 +58,7 @@ fn kill_9_at_random_moments_loses_and_doubles_nothing() {
         assert!(restarts < KILLS + 100, "the run never finished");
         // Each restart buffers state changes differently: a fold into sled after about
         // every batch, every few batches, or only at the end of the run.
-        let buffer = ["65536", "1048576", "33554432"][rng.range(0, 3) as usize];
+        let buffer = ["65536", "1048576", "67108864"][rng.range(0, 3) as usize];
         let mut child = Command::new(groupstate_bin())
             .args(run_args(&input, &crashed))
             .args(["--store-buffer", buffer])
@@ -76,7 +76,7 @@ fn kill_9_at_random_moments_loses_and_doubles_nothing() {
                 child.wait().unwrap();
                 kills += 1;
                 // The state dir must open and be consistent after every kill.
-                let store = Store::open(&crashed.join("state").join("store"), 1 << 20, 1 << 20)
+                let store = Store::open(&crashed.join("state").join("store"), 1 << 20, 1 << 20, 1 << 20)
                     .unwrap_or_else(|e| panic!("seed {seed}: state dir unopenable after kill {kills}: {e}"));
                 store.check_consistency().unwrap_or_else(|e| panic!("seed {seed}: after kill {kills}: {e}"));
                 continue;

@@ -100,8 +100,7 @@ struct RunArgs {
     /// Distinct keys per micro-batch at most [default: 20000].
     #[arg(long)]
     batch_keys: Option<usize>,
-    /// Committed state changes buffered (in memory and in the store's redo log) before
-    /// they are written into sled [default: 33554432].
+    /// Memory for committed state changes not yet written into sled [default: 8388608].
     #[arg(long)]
     store_buffer: Option<u64>,
     /// On a failed plugin call: fail, skip or dead-letter [default: fail].
@@ -414,7 +413,10 @@ fn state(args: &StateArgs) -> Result<()> {
     if !store_dir.exists() {
         bail!("{} is not a groupstate state dir (no store/ inside)", args.state_dir.display());
     }
-    let store = Store::open(&store_dir, 16 << 20, groupstate::Limits::default().store_buffer_bytes)?;
+    let store = {
+        let limits = groupstate::Limits::default();
+        Store::open(&store_dir, 16 << 20, limits.store_buffer_bytes, limits.store_log_bytes)?
+    };
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let key_json = |key: &str, r: &groupstate::store::KeyRecord| {
