@@ -63,8 +63,18 @@ pub(crate) struct Prepared {
     pub read_decode_ns: u64,
 }
 
-/// Reads and prepares one batch from `source`.
-fn prepare(source: &mut Source, decoder: &Decoder, clock: &dyn Clock, req: &Request) -> Result<Prepared, SourceError> {
+/// Lines read between two calls of the `idle` callback of [`prepare`].
+const LINES_BETWEEN_IDLE: u64 = 4096;
+
+/// Reads and prepares one batch from `source`, calling `idle` every few thousand lines
+/// (the input thread frees recycled batches there).
+fn prepare(
+    source: &mut Source,
+    decoder: &Decoder,
+    clock: &dyn Clock,
+    req: &Request,
+    idle: &mut dyn FnMut(),
+) -> Result<Prepared, SourceError> {
     let started = clock.monotonic_ns();
     if source.offset() != req.start_offset {
         source.rewind_to(req.start_offset)?;
@@ -73,6 +83,9 @@ fn prepare(source: &mut Source, decoder: &Decoder, clock: &dyn Clock, req: &Requ
     let mut index: HashMap<String, usize> = HashMap::new();
     let mut cut = None;
     source.read_lines(req.records_max, req.bytes_max, req.end_offset, req.wait, |line| {
+        if out.records % LINES_BETWEEN_IDLE == 0 {
+            idle();
+        }
         let text = match line.text {
             Ok(text) => text,
             Err(e) => {
@@ -158,6 +171,8 @@ pub(crate) enum Preparer {
     },
     Ahead {
         requests: mpsc::Sender<Request>,
+        /// Batches done with, for the input thread to free.
+        recycled: mpsc::Sender<Prepared>,
         replies: mpsc::Receiver<Reply>,
         /// The request sent and not yet answered.
         outstanding: Option<Request>,
@@ -180,6 +195,7 @@ impl Preparer {
             return Ok(Self::InLine { source, decoder, clock });
         }
         let (requests, requests_rx) = mpsc::channel::<Request>();
+        let (recycled, recycled_rx) = mpsc::channel::<Prepared>();
         let (replies_tx, replies) = mpsc::sync_channel::<Reply>(1);
         let mut source = source;
         std::thread::Builder::new()
@@ -187,13 +203,16 @@ impl Preparer {
             .spawn(move || {
                 // Ends when the pipeline drops its end of the channels.
                 for req in requests_rx {
-                    if replies_tx.send(prepare(&mut source, &decoder, clock.as_ref(), &req)).is_err() {
+                    let prepared = prepare(&mut source, &decoder, clock.as_ref(), &req, &mut || {
+                        recycled_rx.try_iter().for_each(drop);
+                    });
+                    if replies_tx.send(prepared).is_err() {
                         return;
                     }
                 }
             })
             .map_err(|e| SourceError::Thread(format!("cannot start the input thread: {e}")))?;
-        Ok(Self::Ahead { requests, replies, outstanding: None })
+        Ok(Self::Ahead { requests, recycled, replies, outstanding: None })
     }
 
     /// Whether the input can be read again from an earlier offset.
@@ -211,12 +230,21 @@ impl Preparer {
         }
     }
 
+    /// Hands a batch that is done with back to the thread that allocated it, to be
+    /// freed there.
+    pub fn recycle(&mut self, prepared: Prepared) {
+        if let Self::Ahead { recycled, .. } = self {
+            // If the thread has stopped, the batch is dropped here instead.
+            let _ = recycled.send(prepared);
+        }
+    }
+
     /// The batch for `req`: the prefetched one if it was prepared for exactly this
     /// request, else prepared now.
     pub fn get(&mut self, req: Request) -> Result<Prepared, SourceError> {
         match self {
-            Self::InLine { source, decoder, clock } => prepare(source, decoder, clock.as_ref(), &req),
-            Self::Ahead { requests, replies, outstanding } => {
+            Self::InLine { source, decoder, clock } => prepare(source, decoder, clock.as_ref(), &req, &mut || {}),
+            Self::Ahead { requests, replies, outstanding, .. } => {
                 let gone = || {
                     SourceError::Thread(
                         "the input thread stopped; run again to resume from the last committed batch".into(),
