@@ -219,7 +219,7 @@ struct Overlay {
     /// Deadline index entries that sled lacks.
     timers_added: BTreeSet<(i64, String)>,
     /// Deadline index entries that sled has and that no longer hold.
-    timers_removed: HashSet<(i64, String)>,
+    timers_removed: BTreeSet<(i64, String)>,
     /// About how much memory the above take.
     bytes: u64,
 }
@@ -253,23 +253,15 @@ impl Overlay {
     fn apply(&mut self, key: String, before_timer: Option<i64>, after: Option<KeyRecord>) {
         let after_timer = after.as_ref().and_then(|r| r.timeout_ms);
         if before_timer != after_timer {
+            // An entry leaves the index: it cancels an addition, or sled's entry is
+            // marked removed; and the other way round for an entry that joins it.
             if let Some(deadline) = before_timer {
-                let entry = (deadline, key.clone());
-                if self.timers_added.remove(&entry) {
-                    self.bytes -= record_bytes(&key, None);
-                } else {
-                    self.bytes += record_bytes(&key, None);
-                    self.timers_removed.insert(entry);
-                }
+                self.bytes =
+                    flip((deadline, key.clone()), &mut self.timers_added, &mut self.timers_removed, self.bytes);
             }
             if let Some(deadline) = after_timer {
-                let entry = (deadline, key.clone());
-                if self.timers_removed.remove(&entry) {
-                    self.bytes -= record_bytes(&key, None);
-                } else {
-                    self.bytes += record_bytes(&key, None);
-                    self.timers_added.insert(entry);
-                }
+                self.bytes =
+                    flip((deadline, key.clone()), &mut self.timers_removed, &mut self.timers_added, self.bytes);
             }
         }
         self.bytes += record_bytes(&key, after.as_ref());
@@ -282,6 +274,23 @@ impl Overlay {
                 entry.insert(Dirty { now: after, sled_timer: before_timer });
             }
         }
+    }
+}
+
+/// Takes `entry` out of `cancel` if it is there, else puts it into `record`; returns
+/// the overlay's new byte count.
+fn flip(
+    entry: (i64, String),
+    cancel: &mut BTreeSet<(i64, String)>,
+    record: &mut BTreeSet<(i64, String)>,
+    bytes: u64,
+) -> u64 {
+    let cost = record_bytes(&entry.1, None);
+    if cancel.remove(&entry) {
+        bytes - cost
+    } else {
+        record.insert(entry);
+        bytes + cost
     }
 }
 
