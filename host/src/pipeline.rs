@@ -624,7 +624,10 @@ impl Pipeline {
         }
         let groups = &prepared.groups;
         batch.data_keys = groups.len() as u64;
-        for (key, events) in groups {
+        for (i, (key, events)) in groups.iter().enumerate() {
+            if let Some((_, next)) = groups.get(i + 1) {
+                touch_payloads(next);
+            }
             self.call_key(batch, key, events, None)?;
         }
         let Some(threshold) = self.timeout_threshold(batch.plan.watermark_ms, batch.plan.processing_time_ms) else {
@@ -801,6 +804,18 @@ impl Batch {
     fn new(plan: BatchPlan, counters: Counters, max_event_time_ms: Option<i64>) -> Self {
         Self { plan, counters, changes: Vec::new(), max_event_time_ms, data_keys: 0, timeout_keys: 0 }
     }
+}
+
+/// Brings the next key's payloads into cache before they are copied into the guest.
+/// They were read on the input thread a batch ago, one allocation per line in input
+/// order, so copying them one by one waited on memory for each (15% of a 10M-event
+/// run's samples were that copy); touching them all at once lets the loads overlap.
+fn touch_payloads(events: &[Event]) {
+    let mut any = 0u8;
+    for event in events {
+        any ^= event.payload.as_bytes().first().copied().unwrap_or(0);
+    }
+    std::hint::black_box(any);
 }
 
 fn counters_since(now: &Counters, start: &Counters) -> Counters {
