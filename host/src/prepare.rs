@@ -202,10 +202,12 @@ impl Preparer {
             .name("groupstate-input".into())
             .spawn(move || {
                 // Ends when the pipeline drops its end of the channels.
+                // Recycled batches are freed before each request and every few
+                // thousand lines, so the queue holds at most the last two.
+                let mut free_recycled = || recycled_rx.try_iter().for_each(drop);
                 for req in requests_rx {
-                    let prepared = prepare(&mut source, &decoder, clock.as_ref(), &req, &mut || {
-                        recycled_rx.try_iter().for_each(drop);
-                    });
+                    free_recycled();
+                    let prepared = prepare(&mut source, &decoder, clock.as_ref(), &req, &mut free_recycled);
                     if replies_tx.send(prepared).is_err() {
                         return;
                     }
