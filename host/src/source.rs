@@ -116,7 +116,7 @@ impl<R: BufRead> LineReader<R> {
                 }
                 break;
             }
-            let (part, done) = match chunk.iter().position(|&b| b == b'\n') {
+            let (part, done) = match memchr::memchr(b'\n', chunk) {
                 Some(i) => (&chunk[..=i], true),
                 None => (chunk, false),
             };
