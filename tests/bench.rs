@@ -168,12 +168,9 @@ fn one(config: &str, input: &Path, batch_events: usize) {
             pc.durable_commits = true;
             // BENCH_STORE_BUFFER=0 folds into sled at every commit, as if there were no
             // redo log.
-            if let Some(bytes) = std::env::var("BENCH_STORE_BUFFER").ok().and_then(|v| v.parse().ok()) {
-                pc.limits.store_buffer_bytes = bytes;
-            }
-            if let Some(bytes) = std::env::var("BENCH_STORE_CACHE").ok().and_then(|v| v.parse().ok()) {
-                pc.limits.store_cache_bytes = bytes;
-            }
+            let env_bytes = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+            pc.limits.store_buffer_bytes = env_bytes("BENCH_STORE_BUFFER").unwrap_or(pc.limits.store_buffer_bytes);
+            pc.limits.store_cache_bytes = env_bytes("BENCH_STORE_CACHE").unwrap_or(pc.limits.store_cache_bytes);
             let clock: Arc<dyn Clock> = Arc::new(SystemClock);
             let mut pipeline = if config == "wasm" {
                 Pipeline::open(pc, clock)
@@ -322,7 +319,7 @@ impl StateFunction for NativeSensor {
 fn prefill(dir: &Path, keys: u64) {
     let mut store = Store::open(&dir.join("store"), 64 << 20, 64 << 20, 64 << 20).expect("open store");
     let mut changes = Vec::with_capacity(100_000);
-    let mut checkpoint = Checkpoint::default();
+    let checkpoint = Checkpoint::default();
     let timers = std::env::var_os("BENCH_IDLE_WITHOUT_TIMERS").is_none();
     for i in 0..keys {
         let record = KeyRecord {
@@ -337,8 +334,6 @@ fn prefill(dir: &Path, keys: u64) {
             store.commit(std::mem::take(&mut changes), &checkpoint, false).expect("commit");
         }
     }
-    checkpoint.next_batch_id = 0;
-    store.commit(Vec::new(), &checkpoint, true).expect("commit");
     store.flush().expect("flush");
 }
 

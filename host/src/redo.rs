@@ -9,7 +9,8 @@
 //! frame each (so a frame is bounded by one key record, not by the batch), then a
 //! commit frame with the sequence number, the count of changes and the checkpoint. On
 //! replay, changes count only once their commit frame has been read whole: a crash in
-//! the middle of an append leaves a torn tail, which is dropped and cut off.
+//! the middle of an append leaves a torn tail, which replay skips and the store's
+//! fold on open then empties with the rest of the file.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufReader, Read, Write};

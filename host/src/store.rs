@@ -13,11 +13,12 @@
 //! `redo.rs`) and, merged per key, in memory (the overlay). A batch commits with one
 //! append to the log (fsync'd when durable) and no sled write: sled's cost per write
 //! grows with the size of its tree, an append's does not, and a key updated in many
-//! batches is written to sled once per fold. A fold writes the overlay, the checkpoint
-//! and the folded sequence number with one atomic `apply_batch`, flushes sled and
-//! empties the log; it runs when the overlay or the log outgrows its budget, at
-//! the end of a run ([`Store::flush`]) and when the store opens, after replaying the
-//! log. Reads see the overlay first, then sled.
+//! batches is written to sled once per fold. A fold writes the overlay into sled in
+//! key order, in `apply_batch` chunks that each hold whole keys (record and index
+//! entries), the checkpoint and the folded sequence number with the last chunk; then
+//! it flushes sled and empties the log. It runs when the overlay or the log outgrows
+//! its budget, at the end of a run ([`Store::flush`]) and when the store opens, after
+//! replaying the log. Reads see the overlay first, then sled.
 //!
 //! Firing timeouts scans the `t` range below the threshold only, merged with the
 //! overlay's timers: O(expired keys + overlay entries below the threshold).
@@ -363,14 +364,8 @@ impl Store {
             }
         };
         let tree = db.open_tree("groupstate").map_err(open_err)?;
-        let folded: u64 = match tree.get(META_FOLDED).map_err(io("read metadata"))? {
-            Some(bytes) => codec::decode("folded sequence number", &bytes)?,
-            None => 0,
-        };
-        let checkpoint = match tree.get(META_CHECKPOINT).map_err(io("read metadata"))? {
-            Some(bytes) => Some(codec::decode("checkpoint", &bytes)?),
-            None => None,
-        };
+        let folded: u64 = read_meta(&tree, "folded sequence number", META_FOLDED)?.unwrap_or(0);
+        let checkpoint = read_meta(&tree, "checkpoint", META_CHECKPOINT)?;
         let mut overlay = Overlay::default();
         let (mut seq, mut last_checkpoint) = (folded, checkpoint);
         let read_sled = |key: &str| read_record(&tree, key);
@@ -401,13 +396,6 @@ impl Store {
         Ok(store)
     }
 
-    fn get_meta<T: Decode<()>>(&self, name: &'static str, key: &[u8]) -> Result<Option<T>> {
-        match self.tree.get(key).map_err(io("read metadata"))? {
-            Some(bytes) => Ok(Some(codec::decode(name, &bytes)?)),
-            None => Ok(None),
-        }
-    }
-
     /// The last committed checkpoint, or `None` for a new state dir.
     pub fn checkpoint(&self) -> Result<Option<Checkpoint>> {
         Ok(self.checkpoint.clone())
@@ -415,7 +403,7 @@ impl Store {
 
     /// The pipeline identity recorded at the first run, if any.
     pub fn pipeline_identity(&self) -> Result<Option<PipelineIdentity>> {
-        self.get_meta("pipeline identity", META_PIPELINE)
+        read_meta(&self.tree, "pipeline identity", META_PIPELINE)
     }
 
     /// Records the pipeline identity (first run only).
@@ -429,7 +417,7 @@ impl Store {
     /// such a plan is not pending.
     pub fn pending_plan(&self) -> Result<Option<BatchPlan>> {
         let next = self.checkpoint.as_ref().map_or(0, |c| c.next_batch_id);
-        Ok(self.get_meta::<BatchPlan>("batch plan", META_PLAN)?.filter(|plan| plan.batch_id >= next))
+        Ok(read_meta::<BatchPlan>(&self.tree, "batch plan", META_PLAN)?.filter(|plan| plan.batch_id >= next))
     }
 
     /// Writes the plan of the batch about to run (before any of its effects).
@@ -505,8 +493,8 @@ impl Store {
         Ok(())
     }
 
-    /// Writes the overlay and the checkpoint into sled in one atomic batch, flushes
-    /// sled, then empties the redo log.
+    /// Writes the overlay and the checkpoint into sled (in chunks, see the module
+    /// doc), flushes sled, then empties the redo log.
     fn fold(&mut self) -> Result<()> {
         self.fold_chunks(usize::MAX)
     }
@@ -624,6 +612,13 @@ impl Store {
 fn collect_garbage() {
     for _ in 0..GARBAGE_COLLECTS_PER_CHUNK {
         crossbeam_epoch::pin().flush();
+    }
+}
+
+fn read_meta<T: Decode<()>>(tree: &sled::Tree, name: &'static str, key: &[u8]) -> Result<Option<T>> {
+    match tree.get(key).map_err(io("read metadata"))? {
+        Some(bytes) => Ok(Some(codec::decode(name, &bytes)?)),
+        None => Ok(None),
     }
 }
 
