@@ -332,6 +332,7 @@ fn prefill(dir: &Path, keys: u64) {
         changes.push(KeyChange { key: format!("idle-{i:08}"), before: None, after: Some(record) });
         if changes.len() == 100_000 || i + 1 == keys {
             store.commit(std::mem::take(&mut changes), &checkpoint, false).expect("commit");
+            store.fold_if_due().expect("fold");
         }
     }
     store.flush().expect("flush");

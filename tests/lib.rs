@@ -63,6 +63,30 @@ pub fn run_and_inspect(config: PipelineConfig, now_ms: i64, inspect: impl FnOnce
     summary
 }
 
+/// Everything a store holds for its keys: records in key order, timers in deadline order.
+pub type StoreContents = (Vec<(String, groupstate::store::KeyRecord)>, Vec<(i64, String)>);
+
+/// The records and timers of `store`.
+pub fn store_contents(store: &Store) -> StoreContents {
+    (
+        store.iter_keys().map(|entry| entry.expect("read a key")).collect(),
+        store.iter_timers().map(|entry| entry.expect("read a timer")).collect(),
+    )
+}
+
+/// Copies the directory tree `from` to `to`.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("create dir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let entry = entry.expect("dir entry");
+        if entry.file_type().expect("file type").is_dir() {
+            copy_dir(&entry.path(), &to.join(entry.file_name()));
+        } else {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy file");
+        }
+    }
+}
+
 /// The lines of a JSON Lines file, as a sorted multiset (a Vec, so doubles show).
 pub fn sorted_lines(path: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(path).unwrap_or_default();

@@ -186,6 +186,11 @@ pub struct PipelineConfig {
     /// The watermark trails the largest event time seen by this much (default 0).
     #[serde(default)]
     pub watermark_delay_ms: i64,
+    /// A record whose event time is more than this ahead of the batch's processing
+    /// time goes to the dead-letter output instead of moving the watermark (default
+    /// one day): one record with a clock far off would make every later record late.
+    #[serde(default = "default_event_time_ahead")]
+    pub event_time_ahead_max_ms: i64,
     /// Records per micro-batch at most (default 500 000).
     #[serde(default = "default_batch_events")]
     pub batch_events_max: usize,
@@ -233,6 +238,9 @@ pub struct PipelineConfig {
     pub limits: Limits,
 }
 
+fn default_event_time_ahead() -> i64 {
+    DAY_MS
+}
 fn default_batch_events() -> usize {
     500_000
 }
@@ -254,6 +262,48 @@ fn default_true() -> bool {
 #[error("invalid pipeline: {0}")]
 pub struct ConfigError(pub String);
 
+/// The largest state value a key may hold: a key's record must stay well inside the
+/// largest record the store reads back (`codec`'s 256 MiB), or a committed value could
+/// never be loaded again.
+pub const STATE_BYTES_MAX_UPPER: u64 = 128 << 20;
+
+/// One setting's allowed range, in the table that [`PipelineConfig::validate`] checks.
+struct Bound {
+    /// The setting's name (the TOML key; the README names its flag).
+    name: &'static str,
+    value: u128,
+    min: u128,
+    max: u128,
+}
+
+impl Bound {
+    fn new(name: &'static str, value: impl Into<i128>, min: impl Into<i128>, max: impl Into<i128>) -> Self {
+        // Every setting is an integer of at most 64 bits; a negative one is below
+        // every minimum here.
+        let clamp = |v: i128| v.max(-1).saturating_add(1) as u128;
+        Self { name, value: clamp(value.into()), min: clamp(min.into()), max: clamp(max.into()) }
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        if (self.min..=self.max).contains(&self.value) {
+            return Ok(());
+        }
+        let shown = |v: u128| if v == 0 { "a negative number".to_owned() } else { (v - 1).to_string() };
+        Err(ConfigError(format!(
+            "{} is {}, outside its range {}..={}; see the limits table in the README",
+            self.name,
+            shown(self.value),
+            shown(self.min),
+            shown(self.max)
+        )))
+    }
+}
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const DAY_MS: i64 = 86_400_000;
+
 impl PipelineConfig {
     /// A pipeline with every optional setting at its default.
     pub fn new(plugin: PathBuf, input: Stream, output: Stream, state_dir: PathBuf, key_field: String) -> Self {
@@ -267,6 +317,7 @@ impl PipelineConfig {
             time_field: None,
             timeout: TimeoutKind::None,
             watermark_delay_ms: 0,
+            event_time_ahead_max_ms: default_event_time_ahead(),
             batch_events_max: default_batch_events(),
             batch_bytes_max: default_batch_bytes(),
             batch_keys_max: default_batch_keys(),
@@ -315,6 +366,35 @@ impl PipelineConfig {
     }
 
     /// Checks the settings that do not depend on files.
+    /// Every numeric setting with its range: the one table of bounds, documented in
+    /// the README's limits table. The upper bounds keep a setting inside what the
+    /// host can hold (a state value the store can read back, a wasm32 memory) and
+    /// catch a unit slip (bytes for KiB) before it runs.
+    fn bounds(&self) -> Vec<Bound> {
+        let l = &self.limits;
+        vec![
+            Bound::new("watermark_delay_ms", self.watermark_delay_ms, 0, 365 * DAY_MS),
+            Bound::new("event_time_ahead_max_ms", self.event_time_ahead_max_ms, 1, 100 * 365 * DAY_MS),
+            Bound::new("batch_events_max", self.batch_events_max as u64, 1, 10_000_000),
+            Bound::new("batch_bytes_max", self.batch_bytes_max, 1, 4 * GIB),
+            Bound::new("batch_keys_max", self.batch_keys_max as u64, 1, 10_000_000),
+            Bound::new("trigger_interval_ms", self.trigger_interval_ms, 1, DAY_MS),
+            Bound::new("call_cpu_ms_max", l.call_cpu_ms_max, 1, 600_000),
+            Bound::new("instance_memory_bytes_max", l.instance_memory_bytes_max, 64 * KIB, 4 * GIB),
+            Bound::new("wasm_stack_bytes_max", l.wasm_stack_bytes_max as u64, 16 * KIB, 64 * MIB),
+            Bound::new("state_bytes_max", l.state_bytes_max, 1, STATE_BYTES_MAX_UPPER),
+            Bound::new("outputs_per_call_max", l.outputs_per_call_max as u64, 1, 1_000_000),
+            Bound::new("output_bytes_max", l.output_bytes_max as u64, 1, 128 * MIB),
+            Bound::new("log_bytes_per_call_max", l.log_bytes_per_call_max as u64, 0, 16 * MIB),
+            Bound::new("transfer_bytes_max", l.transfer_bytes_max as u64, 1, GIB),
+            Bound::new("line_bytes_max", l.line_bytes_max as u64, 1, 256 * MIB),
+            Bound::new("timeouts_per_batch_max", l.timeouts_per_batch_max as u64, 1, 10_000_000),
+            Bound::new("store_cache_bytes", l.store_cache_bytes, MIB, 64 * GIB),
+            Bound::new("store_buffer_bytes", l.store_buffer_bytes, 0, 16 * GIB),
+            Bound::new("store_log_bytes", l.store_log_bytes, 0, 16 * GIB),
+        ]
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.key_field.is_empty() {
             return Err(ConfigError("--key-field must name a field".into()));
@@ -324,20 +404,19 @@ impl PipelineConfig {
                 "--timeout event-time needs --time-field: event-time timeouts are fired by the watermark, which comes from event times".into(),
             ));
         }
-        if self.watermark_delay_ms < 0 {
-            return Err(ConfigError("--watermark-delay-ms must be 0 or more".into()));
+        for bound in self.bounds() {
+            bound.check()?;
         }
-        if self.batch_events_max == 0 || self.batch_keys_max == 0 || self.batch_bytes_max == 0 {
-            return Err(ConfigError("--batch-events, --batch-keys and --batch-bytes must be at least 1".into()));
-        }
-        if self.trigger_interval_ms == 0 {
-            return Err(ConfigError("--trigger-interval-ms must be at least 1".into()));
-        }
-        if self.limits.call_cpu_ms_max == 0
-            || self.limits.outputs_per_call_max == 0
-            || self.limits.transfer_bytes_max == 0
+        let limits = &self.limits;
+        for (name, value) in
+            [("state_bytes_max", limits.state_bytes_max), ("output_bytes_max", limits.output_bytes_max as u64)]
         {
-            return Err(ConfigError("limits must be greater than zero".into()));
+            if value > limits.transfer_bytes_max as u64 {
+                return Err(ConfigError(format!(
+                    "{name} ({value}) is above transfer_bytes_max ({}), which bounds every copy out of a plugin: a value between the two would trap; lower {name} or raise transfer_bytes_max",
+                    limits.transfer_bytes_max
+                )));
+            }
         }
         Ok(())
     }

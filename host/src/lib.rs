@@ -9,6 +9,7 @@ pub mod clock;
 pub mod codec;
 pub mod config;
 pub mod decode;
+mod fold_mark;
 pub mod pipeline;
 pub mod plugin;
 mod prepare;

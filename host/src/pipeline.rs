@@ -146,6 +146,16 @@ pub enum Error {
         /// What went wrong.
         cause: CallError,
     },
+    /// A batch committed, but folding the redo log into sled then failed.
+    #[error(
+        "batch {batch_id} committed, but folding the redo log into sled failed: {cause}; the batch is kept in the redo log: fix the cause and run again, the next start replays the log"
+    )]
+    Fold {
+        /// The batch that committed.
+        batch_id: u64,
+        /// The fold's error.
+        cause: StoreError,
+    },
     /// The state dir belongs to another pipeline.
     #[error("state dir {dir} was created for {recorded}, not {given}; use a new --state-dir or the original settings")]
     Mismatch {
@@ -277,7 +287,8 @@ impl Pipeline {
         let plugin_label = format!("{} {} (state schema {})", info.name, info.version, info.state_schema_version);
         let source = match &config.input {
             Stream::File(path) => {
-                Source::open_file(path, checkpoint.input_offset, config.limits.line_bytes_max, config.follow)?
+                let (offset, digest) = (checkpoint.input_offset, checkpoint.input_digest);
+                Source::open_file(path, offset, digest, config.limits.line_bytes_max, config.follow)?
             }
             Stream::Std => Source::stdin(checkpoint.input_offset, config.limits.line_bytes_max),
         };
@@ -492,6 +503,13 @@ impl Pipeline {
         }
         let watermark_ms = self.next_watermark();
         let prepared = self.prepared(self.new_batch_request(batch_id, start_offset, watermark_ms))?;
+        if prepared.records == 0
+            && let Some(rotation) = prepared.input_rotation
+        {
+            self.input.recycle(prepared);
+            self.continue_with_rotated_input(rotation)?;
+            return Ok(None);
+        }
         let processing_time_ms = self.clock.now_ms();
         if prepared.records == 0 && !self.has_expired_timers(watermark_ms, processing_time_ms)? {
             return Ok(None);
@@ -499,6 +517,20 @@ impl Pipeline {
         let plan =
             BatchPlan { batch_id, start_offset, end_offset: prepared.end_offset, processing_time_ms, watermark_ms };
         self.run_plan(plan, prepared, false).map(Some)
+    }
+
+    /// The followed input was rotated and the old file is read to its end: commits
+    /// the input position as the start of the file now at the path, which the next
+    /// batch reads (a restart after this commit reads it too).
+    fn continue_with_rotated_input(&mut self, rotation: crate::source::Rotation) -> Result<(), Error> {
+        let next = Checkpoint { input_offset: 0, input_digest: 0, ..self.checkpoint.clone() };
+        self.store.commit(Vec::new(), &next, self.config.durable_commits)?;
+        eprintln!(
+            "groupstate: input {} was {rotation} after offset {}: continuing with the file now at that path, from its start",
+            self.config.input, self.checkpoint.input_offset
+        );
+        self.checkpoint = next;
+        self.store.fold_if_due().map_err(|cause| Error::Fold { batch_id: self.checkpoint.next_batch_id, cause })
     }
 
     /// What a new batch from `start_offset` reads: up to `batch_events_max` records and
@@ -562,7 +594,9 @@ impl Pipeline {
 
     /// Runs a prepared batch: its plan is written to the store before any plugin call
     /// (a replayed plan is already there).
-    fn run_plan(&mut self, plan: BatchPlan, prepared: Prepared, replayed: bool) -> Result<BatchReport, Error> {
+    fn run_plan(&mut self, plan: BatchPlan, mut prepared: Prepared, replayed: bool) -> Result<BatchReport, Error> {
+        let ahead_max_ms = self.config.event_time_ahead_max_ms;
+        prepared.set_aside_far_ahead(plan.batch_id, plan.processing_time_ms.saturating_add(ahead_max_ms), ahead_max_ms);
         if !replayed {
             // Reading and decoding had no effect that a restart keeps: the plan still
             // comes first.
@@ -578,6 +612,7 @@ impl Pipeline {
         self.input.prefetch(next);
         let records = prepared.records;
         let mut batch = Batch::new(plan, self.checkpoint.counters, max_event_time_ms);
+        batch.input_digest = prepared.input_digest;
         batch.counters.records += records;
         batch.counters.events += prepared.groups.iter().map(|(_, events)| events.len() as u64).sum::<u64>();
         batch.counters.late += prepared.late_lines.len() as u64;
@@ -771,6 +806,7 @@ impl Pipeline {
         let next = Checkpoint {
             next_batch_id: plan.batch_id + 1,
             input_offset: plan.end_offset,
+            input_digest: batch.input_digest,
             output_len: self.output.prepare_commit(durable)?,
             late_len: self.late.prepare_commit(durable)?,
             dead_letter_len: self.dead_letter.prepare_commit(durable)?,
@@ -785,7 +821,9 @@ impl Pipeline {
         // The new plugin has committed a batch: no rollback from here on.
         self.probation = None;
         self.checkpoint = next;
-        Ok(())
+        // The batch is committed: a fold that fails now stops the run, and the next
+        // start replays the log, but nothing of the batch is taken back.
+        self.store.fold_if_due().map_err(|cause| Error::Fold { batch_id: plan.batch_id, cause })
     }
 }
 
@@ -796,13 +834,15 @@ struct Batch {
     changes: Vec<KeyChange>,
     /// The largest event time of the committed batches and this one.
     max_event_time_ms: Option<i64>,
+    /// A digest of the input before the batch's end offset.
+    input_digest: u32,
     data_keys: u64,
     timeout_keys: u64,
 }
 
 impl Batch {
     fn new(plan: BatchPlan, counters: Counters, max_event_time_ms: Option<i64>) -> Self {
-        Self { plan, counters, changes: Vec::new(), max_event_time_ms, data_keys: 0, timeout_keys: 0 }
+        Self { plan, counters, changes: Vec::new(), max_event_time_ms, input_digest: 0, data_keys: 0, timeout_keys: 0 }
     }
 }
 

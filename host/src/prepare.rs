@@ -16,7 +16,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::decode::Decoder;
 use crate::plugin::Event;
-use crate::source::{Source, SourceError};
+use crate::source::{Rotation, Source, SourceError};
 
 /// A batch's records grouped by key: keys in order of first appearance, events in
 /// arrival order.
@@ -59,6 +59,11 @@ pub(crate) struct Prepared {
     pub max_event_time_ms: Option<i64>,
     /// Stdin has closed.
     pub closed: bool,
+    /// A digest of the input before `end_offset` (see `Source::digest_before`),
+    /// committed with it.
+    pub input_digest: u32,
+    /// The followed input file was read to its end and then found rotated.
+    pub input_rotation: Option<Rotation>,
     /// Time spent reading lines and decoding and grouping them, in nanoseconds.
     pub read_decode_ns: u64,
 }
@@ -76,7 +81,8 @@ fn prepare(
     idle: &mut dyn FnMut(),
 ) -> Result<Prepared, SourceError> {
     let started = clock.monotonic_ns();
-    if source.offset() != req.start_offset {
+    // A rotated input goes on from the start of the new file, even after an empty old one.
+    if source.offset() != req.start_offset || (req.start_offset == 0 && source.rotation().is_some()) {
         source.rewind_to(req.start_offset)?;
     }
     let mut out = Prepared::default();
@@ -144,8 +150,51 @@ fn prepare(
     }
     out.end_offset = source.offset();
     out.closed = source.is_closed();
+    out.input_digest = source.digest_before(out.end_offset)?;
+    out.input_rotation = source.rotation();
     out.read_decode_ns = clock.monotonic_ns().saturating_sub(started);
     Ok(out)
+}
+
+impl Prepared {
+    /// Moves the records whose event time is above `bound` (the batch's processing
+    /// time plus `event_time_ahead_max_ms`) to the dead-letter lines, so that they do
+    /// not move the watermark: one record from a clock years ahead would make every
+    /// later record late. This runs once the batch's processing time is fixed (it is
+    /// not known when a batch is read ahead); a replay has the same plan, so it sets
+    /// aside the same records.
+    pub fn set_aside_far_ahead(&mut self, batch_id: u64, bound: i64, ahead_max_ms: i64) {
+        if self.max_event_time_ms.is_none_or(|t| t <= bound) {
+            return;
+        }
+        let Self { groups, bad_lines, max_event_time_ms, .. } = self;
+        *max_event_time_ms = None;
+        for (key, events) in groups.iter_mut() {
+            events.retain(|event| match event.event_time_ms {
+                Some(t) if t > bound => {
+                    bad_lines.push(
+                        serde_json::json!({
+                            "kind": "event-time-ahead",
+                            "batch": batch_id,
+                            "key": key,
+                            "event_time_ms": t,
+                            "reason": format!(
+                                "event time {t} is more than event_time_ahead_max_ms ({ahead_max_ms}) ahead of the batch's processing time; fix the producer's clock, or raise --event-time-ahead-max-ms"
+                            ),
+                            "line": event.payload,
+                        })
+                        .to_string(),
+                    );
+                    false
+                }
+                other => {
+                    *max_event_time_ms = (*max_event_time_ms).max(other);
+                    true
+                }
+            });
+        }
+        groups.retain(|(_, events)| !events.is_empty());
+    }
 }
 
 /// A dead-letter entry for a record that could not be decoded.
@@ -302,7 +351,7 @@ mod tests {
         ];
         std::fs::write(&path, lines.join("\n") + "\n").unwrap();
         let offset = |i: usize| lines[..i].iter().map(|l| l.len() as u64 + 1).sum::<u64>();
-        let source = Source::open_file(&path, 0, 1 << 10, false).unwrap();
+        let source = Source::open_file(&path, 0, 0, 1 << 10, false).unwrap();
         let mut input = Preparer::new(source, Decoder::new("k", Some("t")), Arc::new(SystemClock)).unwrap();
 
         // Batch 0: three records, two keys.

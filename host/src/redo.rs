@@ -10,10 +10,13 @@
 //! commit frame with the sequence number, the count of changes and the checkpoint. On
 //! replay, changes count only once their commit frame has been read whole: a crash in
 //! the middle of an append leaves a torn tail, which replay skips and the store's
-//! fold on open then empties with the rest of the file.
+//! fold on open then empties with the rest of the file. Only the tail can be torn: a
+//! damaged frame that a whole commit frame follows is damage to committed data, and
+//! the log refuses to open (naming the file and the offset) rather than drop the
+//! commits after it.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use bincode::{Decode, Encode};
@@ -77,14 +80,28 @@ pub(crate) struct RedoLog {
 
 impl RedoLog {
     /// Opens (or creates) the log at `path` and reads back its whole commits, calling
-    /// `replay` for each in order; a torn tail is skipped.
+    /// `replay` for each in order. A damaged frame after which no whole commit frame
+    /// follows is a torn tail (an append that a crash interrupted: its batch never
+    /// committed) and is skipped; a damaged frame followed by a whole commit is damage
+    /// to committed data, and the open fails without changing anything.
     pub fn open(path: &Path, mut replay: impl FnMut(Replayed) -> Result<(), StoreError>) -> Result<Self, StoreError> {
         let log_err = |cause| StoreError::Log { path: path.to_owned(), cause };
         let file = OpenOptions::new().read(true).append(true).create(true).open(path).map_err(log_err)?;
         let mut reader = BufReader::with_capacity(1 << 20, &file);
         let mut frame = Vec::new();
         let mut pending = Vec::new();
-        while let Some(tag) = read_frame(&mut reader, &mut frame).map_err(log_err)? {
+        // The offset of the frame being read.
+        let mut offset = 0u64;
+        loop {
+            let tag = match read_frame(&mut reader, &mut frame).map_err(log_err)? {
+                Frame::Whole(tag) => tag,
+                Frame::End => break,
+                Frame::Damaged => {
+                    check_torn_tail(path, &file, offset)?;
+                    break;
+                }
+            };
+            offset += (FRAME_HEADER + frame.len()) as u64;
             let payload = &frame[1..];
             match tag {
                 TAG_CHANGE => {
@@ -111,9 +128,8 @@ impl RedoLog {
             }
         }
         drop(reader);
-        // A torn tail (an append that a crash interrupted: its batch never committed)
-        // is not cut off here: the store folds what was replayed and then empties
-        // the whole file.
+        // A torn tail is not cut off here: the store folds what was replayed and then
+        // empties the whole file.
         let len = file.metadata().map_err(log_err)?.len();
         Ok(Self { path: path.to_owned(), file, len, broken: false, buf: Vec::new() })
     }
@@ -181,30 +197,86 @@ fn push_frame(buf: &mut Vec<u8>, tag: u8, record: &impl Encode) {
     buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// Reads one frame into `frame` (tag and payload) and returns its tag: `None` at the
-/// end of the file or at a torn or corrupt frame.
-fn read_frame(reader: &mut impl Read, frame: &mut Vec<u8>) -> io::Result<Option<u8>> {
-    let mut header = [0u8; FRAME_HEADER];
-    if !read_full(reader, &mut header)? {
-        return Ok(None);
-    }
-    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
-    let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-    if len == 0 || len > FRAME_BYTES_MAX {
-        return Ok(None);
-    }
-    frame.resize(len as usize, 0);
-    if !read_full(reader, frame)? || crc32fast::hash(frame) != crc {
-        return Ok(None);
-    }
-    Ok(Some(frame[0]))
+/// What [`read_frame`] found.
+enum Frame {
+    /// A whole frame with this tag.
+    Whole(u8),
+    /// The end of the file, between two frames.
+    End,
+    /// A frame cut short, with an impossible length or a checksum that does not match.
+    Damaged,
 }
 
-/// Fills `buf`; `false` if the file ends first.
-fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<bool> {
-    match reader.read_exact(buf) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),
-        Err(e) => Err(e),
+/// Reads one frame into `frame` (tag and payload).
+fn read_frame(reader: &mut impl Read, frame: &mut Vec<u8>) -> io::Result<Frame> {
+    let mut header = [0u8; FRAME_HEADER];
+    match read_full(reader, &mut header)? {
+        0 => return Ok(Frame::End),
+        FRAME_HEADER => {}
+        _ => return Ok(Frame::Damaged),
     }
+    let (len, crc) = frame_header(&header);
+    if len == 0 || len > FRAME_BYTES_MAX {
+        return Ok(Frame::Damaged);
+    }
+    frame.resize(len as usize, 0);
+    if read_full(reader, frame)? < frame.len() || crc32fast::hash(frame) != crc {
+        return Ok(Frame::Damaged);
+    }
+    Ok(Frame::Whole(frame[0]))
+}
+
+fn frame_header(header: &[u8]) -> (u32, u32) {
+    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+    let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+    (len, crc)
+}
+
+/// A commit frame holds a sequence number, a count and a checkpoint: far less than
+/// this. The search for one after a damaged frame looks at no longer frames.
+const COMMIT_FRAME_BYTES_MAX: usize = 64 << 10;
+
+/// Called at a damaged frame at `offset`: succeeds if what follows holds no whole
+/// commit frame, so the damage is the tail of an append that never completed. A whole
+/// commit after it means a commit that was acknowledged is damaged (a bad disk, an
+/// edit): the open must fail, or every commit after the damage would be lost.
+fn check_torn_tail(path: &Path, mut file: &File, offset: u64) -> Result<(), StoreError> {
+    // From the byte after the damaged frame's start, not from where reading it
+    // stopped: a damaged length may have swallowed the frames after it. A commit
+    // frame may start at any byte.
+    let mut rest = Vec::new();
+    file.seek(SeekFrom::Start(offset + 1))
+        .and_then(|_| file.read_to_end(&mut rest))
+        .map_err(|cause| StoreError::Log { path: path.to_owned(), cause })?;
+    for at in 0..rest.len().saturating_sub(FRAME_HEADER) {
+        if rest[at + FRAME_HEADER] != TAG_COMMIT {
+            continue;
+        }
+        let (len, crc) = frame_header(&rest[at..]);
+        let payload_start = at + FRAME_HEADER;
+        let Some(payload) = rest.get(payload_start..payload_start + len as usize) else {
+            continue;
+        };
+        if len == 0 || len as usize > COMMIT_FRAME_BYTES_MAX || crc32fast::hash(payload) != crc {
+            continue;
+        }
+        if let Ok(commit) = codec::decode::<CommitIn>("redo log commit", &payload[1..]) {
+            return Err(StoreError::LogDamaged { path: path.to_owned(), offset, commit: commit.seq });
+        }
+    }
+    Ok(())
+}
+
+/// Fills as much of `buf` as the file holds; returns how much.
+fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
 }

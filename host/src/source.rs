@@ -4,9 +4,13 @@
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
+
+/// The UTF-8 byte order mark, skipped at the start of an input.
+const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// Lines queued from stdin at most, before the reader thread waits.
 const STDIN_QUEUE_LINES_MAX: usize = 65_536;
@@ -77,6 +81,18 @@ pub enum SourceError {
         /// Where reading stopped.
         read: u64,
     },
+    /// The input is not the one the state dir consumed.
+    #[error(
+        "input {path} is not the input this state dir consumed: the {bytes} bytes before the committed offset {offset} differ from those committed; it was replaced or rewritten (or rotated while groupstate was stopped): restore the original file, or use a new --state-dir for a new input"
+    )]
+    Replaced {
+        /// The input path.
+        path: PathBuf,
+        /// The committed offset.
+        offset: u64,
+        /// How many bytes before it were compared.
+        bytes: u64,
+    },
     /// A batch plan cannot be replayed from stdin.
     #[error("cannot re-read a planned batch from stdin")]
     NotSeekable,
@@ -134,12 +150,18 @@ impl<R: BufRead> LineReader<R> {
                 break;
             }
         }
-        let start = self.offset;
+        let mut start = self.offset;
         let consumed = std::mem::take(&mut self.consumed);
         let mut buf = std::mem::take(&mut self.buf);
         let too_long = std::mem::take(&mut self.too_long);
         self.offset += consumed;
         strip_terminator(&mut buf);
+        // A byte order mark (editors on Windows write one) marks the encoding, it is
+        // not part of the first record.
+        if start == 0 && buf.starts_with(UTF8_BOM) {
+            buf.drain(..UTF8_BOM.len());
+            start = UTF8_BOM.len() as u64;
+        }
         let text = if too_long || buf.len() > self.line_bytes_max {
             let len = if too_long { consumed } else { buf.len() as u64 };
             Err(LineError::TooLong { len, max: self.line_bytes_max })
@@ -159,6 +181,28 @@ fn strip_terminator(buf: &mut Vec<u8>) {
     }
 }
 
+/// Bytes before the committed offset whose digest the checkpoint keeps: a resumed
+/// run compares them, so that a replaced input is refused, not read from the middle.
+const INPUT_DIGEST_BYTES: u64 = 4096;
+
+/// How a followed file was replaced under its name (log rotation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rotation {
+    /// The path now names another file (rename rotation: `mv log log.1`, new `log`).
+    Renamed,
+    /// The file became shorter than what was read (copytruncate rotation).
+    Truncated,
+}
+
+impl std::fmt::Display for Rotation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Renamed => "renamed away and replaced by a new file",
+            Self::Truncated => "truncated",
+        })
+    }
+}
+
 /// An input of JSON Lines.
 pub struct Source {
     inner: Inner,
@@ -168,6 +212,14 @@ enum Inner {
     File {
         path: PathBuf,
         reader: LineReader<BufReader<File>>,
+        /// Follow the path as `tail -F` does: at the end of the file, check whether
+        /// it was rotated.
+        follow: bool,
+        /// Device and inode of the open file.
+        identity: (u64, u64),
+        /// The open file was read to its end and then found rotated: the next rewind
+        /// to offset 0 opens the path anew.
+        rotation: Option<Rotation>,
     },
     Stdin {
         /// Lines from the thread; `Ok(None)` when stdin closed.
@@ -188,18 +240,52 @@ impl std::fmt::Debug for Source {
 }
 
 impl Source {
-    /// Opens a file positioned at `offset`. With `follow`, a final line without a
-    /// newline waits for it.
-    pub fn open_file(path: &Path, offset: u64, line_bytes_max: usize, follow: bool) -> Result<Self, SourceError> {
+    /// Opens a file positioned at `offset`, checking that the bytes before it have the
+    /// `digest` committed with it (see [`Source::digest_before`]). With `follow`, a
+    /// final line without a newline waits for it, and a rotated file is followed.
+    pub fn open_file(
+        path: &Path,
+        offset: u64,
+        digest: u32,
+        line_bytes_max: usize,
+        follow: bool,
+    ) -> Result<Self, SourceError> {
         let open_err = |cause| SourceError::Open { path: path.to_owned(), cause };
         let mut file = File::open(path).map_err(open_err)?;
-        let len = file.metadata().map_err(open_err)?.len();
-        if len < offset {
-            return Err(SourceError::Shrunk { path: path.to_owned(), len, committed: offset });
+        let meta = file.metadata().map_err(open_err)?;
+        if meta.len() < offset {
+            return Err(SourceError::Shrunk { path: path.to_owned(), len: meta.len(), committed: offset });
+        }
+        if file_digest(&file, offset).map_err(|cause| SourceError::Read { offset, cause })? != digest {
+            return Err(SourceError::Replaced { path: path.to_owned(), offset, bytes: offset.min(INPUT_DIGEST_BYTES) });
         }
         file.seek(SeekFrom::Start(offset)).map_err(|cause| SourceError::Read { offset, cause })?;
         let reader = LineReader::new(BufReader::with_capacity(1 << 20, file), offset, line_bytes_max, !follow);
-        Ok(Self { inner: Inner::File { path: path.to_owned(), reader } })
+        let identity = (meta.dev(), meta.ino());
+        Ok(Self { inner: Inner::File { path: path.to_owned(), reader, follow, identity, rotation: None } })
+    }
+
+    /// A digest of the up to 4 KiB before `offset` (0 for stdin, which cannot be
+    /// read again): committed with the offset, and checked when a run resumes.
+    pub fn digest_before(&self, offset: u64) -> Result<u32, SourceError> {
+        match &self.inner {
+            // The bytes are gone. The pipeline commits offset 0 of the truncated file
+            // next; a restart before that finds the file shorter, or with another
+            // digest, and refuses it.
+            Inner::File { rotation: Some(Rotation::Truncated), .. } => Ok(0),
+            Inner::File { reader, .. } => {
+                file_digest(reader.inner.get_ref(), offset).map_err(|cause| SourceError::Read { offset, cause })
+            }
+            Inner::Stdin { .. } => Ok(0),
+        }
+    }
+
+    /// How the followed file was rotated, once it has been read to its end.
+    pub fn rotation(&self) -> Option<Rotation> {
+        match &self.inner {
+            Inner::File { rotation, .. } => *rotation,
+            Inner::Stdin { .. } => None,
+        }
     }
 
     /// Starts reading stdin on a thread; offsets count from `offset` (stdin cannot be
@@ -234,6 +320,20 @@ impl Source {
     /// cannot go back.
     pub fn rewind_to(&mut self, offset: u64) -> Result<(), SourceError> {
         match &mut self.inner {
+            Inner::File { path, reader, rotation: rotation @ Some(_), identity, .. } if offset == 0 => {
+                // The rotated file is done with: continue with the one at the path.
+                let open_err = |cause| SourceError::Open { path: path.clone(), cause };
+                let file = File::open(&*path).map_err(open_err)?;
+                let meta = file.metadata().map_err(open_err)?;
+                *identity = (meta.dev(), meta.ino());
+                reader.inner = BufReader::with_capacity(1 << 20, file);
+                reader.offset = 0;
+                reader.buf.clear();
+                reader.consumed = 0;
+                reader.too_long = false;
+                *rotation = None;
+                Ok(())
+            }
             Inner::File { reader, .. } => {
                 reader.inner.seek(SeekFrom::Start(offset)).map_err(|cause| SourceError::Read { offset, cause })?;
                 reader.offset = offset;
@@ -268,10 +368,22 @@ impl Source {
         let full = |offset: u64| offset - start >= bytes_max;
         let mut read = 0;
         match &mut self.inner {
-            Inner::File { reader: r, .. } => {
+            Inner::File { path, reader: r, follow, identity, rotation } => {
                 while read < max && !full(r.offset) && end_offset.is_none_or(|end| r.offset < end) {
                     let offset = r.offset;
-                    match r.next_line().map_err(|cause| SourceError::Read { offset, cause })? {
+                    let mut next = r.next_line().map_err(|cause| SourceError::Read { offset, cause })?;
+                    if next.is_none() && *follow && rotation.is_none() && end_offset.is_none() {
+                        *rotation = rotated(path, *identity, r.offset);
+                        if rotation.is_some() {
+                            // A line written to the old file before it was replaced is
+                            // still read: the old file ends only when it has none left.
+                            next = r.next_line().map_err(|cause| SourceError::Read { offset, cause })?;
+                            if next.is_some() {
+                                *rotation = None;
+                            }
+                        }
+                    }
+                    match next {
                         Some((line, _)) => {
                             read += 1;
                             if !each(line)? {
@@ -330,6 +442,28 @@ impl Source {
     }
 }
 
+/// Whether the file at `path` is no longer the open one (`identity`), or is shorter
+/// than `offset`, what was read of it. A path that is missing for now (between the
+/// rename and the creation of the new file) is not a rotation yet.
+fn rotated(path: &Path, identity: (u64, u64), offset: u64) -> Option<Rotation> {
+    let meta = std::fs::metadata(path).ok()?;
+    if (meta.dev(), meta.ino()) != identity {
+        Some(Rotation::Renamed)
+    } else if meta.len() < offset {
+        Some(Rotation::Truncated)
+    } else {
+        None
+    }
+}
+
+/// The crc32 of the up to [`INPUT_DIGEST_BYTES`] of `file` before `offset`.
+fn file_digest(file: &File, offset: u64) -> io::Result<u32> {
+    let len = offset.min(INPUT_DIGEST_BYTES);
+    let mut buf = vec![0u8; len as usize];
+    file.read_exact_at(&mut buf, offset - len)?;
+    Ok(crc32fast::hash(&buf))
+}
+
 /// Reads everything from `r` into lines (for tests of the line splitting).
 #[cfg(test)]
 fn split_all<R: io::Read>(r: R, max: usize, accept_unterminated: bool) -> Vec<Line> {
@@ -363,6 +497,14 @@ mod tests {
     }
 
     #[test]
+    fn a_byte_order_mark_at_the_start_is_skipped() {
+        let lines = split_all(&b"\xEF\xBB\xBF{\"k\":\"a\"}\n\xEF\xBB\xBFx\n"[..], 100, true);
+        let got: Vec<(u64, Result<String, LineError>)> = lines.into_iter().map(|l| (l.offset, l.text)).collect();
+        // Only at the start of the input: elsewhere it is data (and a bad record).
+        assert_eq!(got, vec![(3, Ok("{\"k\":\"a\"}".to_owned())), (13, Ok("\u{feff}x".to_owned()))]);
+    }
+
+    #[test]
     fn unterminated_last_line_waits_when_following() {
         let lines = split_all(&b"a\nb"[..], 10, false);
         assert_eq!(lines.len(), 1);
@@ -385,7 +527,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("in.jsonl");
         std::fs::write(&path, "a\nbb\nccc\ndddd\n").unwrap();
-        let mut src = Source::open_file(&path, 2, 100, false).unwrap();
+        let mut src = Source::open_file(&path, 2, crc32fast::hash(b"a\n"), 100, false).unwrap();
         let lines = src.read_batch(10, u64::MAX, Some(9), Duration::ZERO).unwrap();
         assert_eq!(lines.iter().map(|l| l.offset).collect::<Vec<_>>(), vec![2, 5]);
         assert_eq!(src.offset(), 9);
@@ -393,11 +535,11 @@ mod tests {
         assert_eq!(rest.len(), 1);
         assert!(src.read_batch(10, u64::MAX, None, Duration::ZERO).unwrap().is_empty());
         // A batch ends after the line that reaches the byte limit.
-        let mut src = Source::open_file(&path, 0, 100, false).unwrap();
+        let mut src = Source::open_file(&path, 0, 0, 100, false).unwrap();
         let lines = src.read_batch(10, 4, None, Duration::ZERO).unwrap();
         assert_eq!(lines.iter().map(|l| l.offset).collect::<Vec<_>>(), vec![0, 2]);
         assert_eq!(src.offset(), 5);
-        let err = Source::open_file(&path, 100, 100, false).unwrap_err().to_string();
+        let err = Source::open_file(&path, 100, 0, 100, false).unwrap_err().to_string();
         assert!(err.contains("truncated or replaced"), "{err}");
     }
 }

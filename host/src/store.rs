@@ -31,6 +31,7 @@ use std::path::{Path, PathBuf};
 use bincode::{Decode, Encode};
 
 use crate::codec;
+use crate::fold_mark::{self, FoldMark};
 use crate::redo::RedoLog;
 
 const PREFIX_STATE: u8 = b's';
@@ -84,6 +85,30 @@ pub enum StoreError {
     /// A stored record broke an invariant.
     #[error("state store: {0}; the state dir is corrupt")]
     Corrupt(String),
+    /// The redo log is damaged before a whole commit: not a torn append.
+    #[error(
+        "state store: redo log {path} is damaged at byte {offset}, before the whole commit {commit} that follows: committed batches would be lost, so nothing was changed; restore the state dir from a backup, or move it aside and start a new one"
+    )]
+    LogDamaged {
+        /// The log file.
+        path: PathBuf,
+        /// Where the damaged frame starts.
+        offset: u64,
+        /// The sequence number of a whole commit after it.
+        commit: u64,
+    },
+    /// sled holds less than what was folded into it.
+    #[error(
+        "state store: {dir} holds {found}, but {expected} was folded into it and made durable: its files were damaged, truncated or replaced, so nothing was changed; restore the state dir from a backup, or move it aside and start a new one"
+    )]
+    Behind {
+        /// sled's directory.
+        dir: PathBuf,
+        /// What sled holds.
+        found: String,
+        /// What the fold marker says it must hold.
+        expected: String,
+    },
 }
 
 type Result<T> = std::result::Result<T, StoreError>;
@@ -137,6 +162,9 @@ pub struct Checkpoint {
     pub next_batch_id: u64,
     /// Input byte offset after the last committed record.
     pub input_offset: u64,
+    /// A digest of the input's bytes before `input_offset` (0 for stdin): a resumed
+    /// run checks that its input still has them.
+    pub input_digest: u32,
     /// Committed byte lengths of the output, late-data and dead-letter files.
     pub output_len: u64,
     /// See `output_len`.
@@ -193,6 +221,8 @@ pub struct KeyChange {
 
 /// The sled-backed state store of one pipeline.
 pub struct Store {
+    /// sled's directory (the redo log and the fold marker are in it too).
+    dir: PathBuf,
     db: sled::Db,
     tree: sled::Tree,
     log: RedoLog,
@@ -205,6 +235,8 @@ pub struct Store {
     buffer_bytes: u64,
     /// The log's size budget before a fold.
     log_bytes: u64,
+    /// Tests only: the next fold fails before it writes anything.
+    fail_next_fold: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Store {
@@ -366,6 +398,7 @@ impl Store {
         let tree = db.open_tree("groupstate").map_err(open_err)?;
         let folded: u64 = read_meta(&tree, "folded sequence number", META_FOLDED)?.unwrap_or(0);
         let checkpoint = read_meta(&tree, "checkpoint", META_CHECKPOINT)?;
+        check_fold_mark(dir, folded, checkpoint.as_ref())?;
         let mut overlay = Overlay::default();
         let (mut seq, mut last_checkpoint) = (folded, checkpoint);
         let read_sled = |key: &str| read_record(&tree, key);
@@ -391,7 +424,18 @@ impl Store {
             last_checkpoint = Some(commit.checkpoint);
             Ok(())
         })?;
-        let mut store = Self { db, tree, log, overlay, checkpoint: last_checkpoint, seq, buffer_bytes, log_bytes };
+        let mut store = Self {
+            dir: dir.to_owned(),
+            db,
+            tree,
+            log,
+            overlay,
+            checkpoint: last_checkpoint,
+            seq,
+            buffer_bytes,
+            log_bytes,
+            fail_next_fold: false.into(),
+        };
         store.fold()?;
         Ok(store)
     }
@@ -469,8 +513,9 @@ impl Store {
 
     /// Commits one batch atomically: every key change with its timer index entries,
     /// and the checkpoint (a pending plan is no longer pending once its batch id is
-    /// below the checkpoint's). With `durable`, waits until it is on disk. Folds into
-    /// sled when the buffered changes outgrow their budget.
+    /// below the checkpoint's). With `durable`, waits until it is on disk. A commit
+    /// ends with the log append: folding is [`Store::fold_if_due`]'s, so that a fold
+    /// that fails cannot be taken for a commit that failed.
     pub fn commit(&mut self, changes: Vec<KeyChange>, checkpoint: &Checkpoint, durable: bool) -> Result<()> {
         for change in &changes {
             // Assert at the storage boundary: an empty record must be a delete.
@@ -487,10 +532,23 @@ impl Store {
             self.overlay.apply(change.key, change.before.and_then(|r| r.timeout_ms), change.after);
         }
         self.checkpoint = Some(checkpoint.clone());
+        Ok(())
+    }
+
+    /// Folds into sled when the buffered changes or the log outgrow their budget. A
+    /// failure leaves every commit in the log: the next open replays it.
+    pub fn fold_if_due(&mut self) -> Result<()> {
         if self.overlay.bytes > self.buffer_bytes || self.log.len() > self.log_bytes {
             self.fold()?;
         }
         Ok(())
+    }
+
+    /// Makes the next fold fail before it writes anything, as a failing disk would
+    /// (the tests' seam for a fold that fails after a commit).
+    #[doc(hidden)]
+    pub fn fail_next_fold(&self) {
+        self.fail_next_fold.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Writes the overlay and the checkpoint into sled (in chunks, see the module
@@ -507,6 +565,12 @@ impl Store {
             // the log).
             self.db.flush().map_err(io("flush sled"))?;
             return Ok(());
+        }
+        if self.fail_next_fold.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            return Err(StoreError::Log {
+                path: self.dir.clone(),
+                cause: std::io::Error::other("fold failed (injected by a test)"),
+            });
         }
         // In key order, in chunks: sled's cost and memory for one batch grow faster
         // than its size. A crash between chunks is safe: the log is still whole,
@@ -536,6 +600,9 @@ impl Store {
         self.tree.apply_batch(batch).map_err(io("fold the redo log into sled"))?;
         collect_garbage();
         self.db.flush().map_err(io("flush sled"))?;
+        // The marker says what sled now holds, before the log that also holds it goes.
+        let mark = FoldMark { seq: self.seq, digest: checkpoint_digest(self.checkpoint.as_ref()) };
+        fold_mark::write(&self.dir, mark).map_err(|cause| StoreError::Log { path: self.dir.clone(), cause })?;
         self.log.clear()?;
         self.overlay = Overlay::default();
         Ok(())
@@ -613,6 +680,33 @@ fn collect_garbage() {
     for _ in 0..GARBAGE_COLLECTS_PER_CHUNK {
         crossbeam_epoch::pin().flush();
     }
+}
+
+/// A digest of a checkpoint, for the fold marker.
+fn checkpoint_digest(checkpoint: Option<&Checkpoint>) -> u32 {
+    checkpoint.map_or(0, |c| crc32fast::hash(&codec::encode(c)))
+}
+
+/// Refuses a sled that holds less than the fold marker says was folded into it: its
+/// files were damaged and sled went back to an older state. sled ahead of the marker
+/// is a crash between a fold's flush and the marker's replacement.
+fn check_fold_mark(dir: &Path, folded: u64, checkpoint: Option<&Checkpoint>) -> Result<()> {
+    let mark = fold_mark::read(dir).map_err(|cause| StoreError::Log { path: dir.to_owned(), cause })?;
+    let Some(mark) = mark else {
+        return Ok(());
+    };
+    let behind = |found: String| StoreError::Behind {
+        dir: dir.to_owned(),
+        found,
+        expected: format!("every commit up to {}", mark.seq),
+    };
+    if folded < mark.seq {
+        return Err(behind(if folded == 0 { "no commit".to_owned() } else { format!("commits up to {folded}") }));
+    }
+    if folded == mark.seq && checkpoint_digest(checkpoint) != mark.digest {
+        return Err(behind(format!("a checkpoint for commit {folded} that differs from the one folded")));
+    }
+    Ok(())
 }
 
 fn read_meta<T: Decode<()>>(tree: &sled::Tree, name: &'static str, key: &[u8]) -> Result<Option<T>> {
@@ -763,7 +857,7 @@ mod tests {
         };
         assert!(after_first > 0 && after_second > after_first);
         let state = |store: &Store| -> Vec<(String, KeyRecord)> { store.iter_keys().map(Result::unwrap).collect() };
-        let cut_at = |cut: u64, junk: &[u8], flip: Option<u64>| {
+        let damaged_copy = |cut: u64, junk: &[u8], flip: Option<u64>| {
             let copy = tempfile::tempdir().unwrap();
             copy_dir(&store_dir, copy.path());
             let copied_log = copy.path().join(REDO_LOG);
@@ -776,6 +870,11 @@ mod tests {
                 bytes[at as usize] ^= 0x40;
                 std::fs::write(&copied_log, bytes).unwrap();
             }
+            copy
+        };
+        let cut_at = |cut: u64, junk: &[u8], flip: Option<u64>| {
+            let copy = damaged_copy(cut, junk, flip);
+            let copied_log = copy.path().join(REDO_LOG);
             let store = Store::open(copy.path(), 1 << 20, 1 << 20, 1 << 20).unwrap();
             store.check_consistency().unwrap();
             let opened = (
@@ -813,11 +912,65 @@ mod tests {
         assert_eq!(cut_at(after_second, &[], None), at_second);
         assert_eq!(cut_at(after_second, &[0x13, 0, 0, 0, 1, 2], None), at_second);
         assert_eq!(cut_at(after_second, &[7; 40], None), at_second);
-        // A flipped bit in the last commit (a write the crash left half done) fails
-        // its checksum: that commit is dropped whole.
-        for at in [after_first + 9, after_second - 1] {
-            assert_eq!(cut_at(after_second, &[], Some(at)), at_first, "bit flipped at byte {at}");
+        // A flipped bit in the last frame (a write the crash left half done) fails its
+        // checksum: that commit is dropped whole.
+        assert_eq!(cut_at(after_second, &[], Some(after_second - 1)), at_first);
+        // A damaged frame that a whole commit frame follows is not a torn append: the
+        // open fails, names the offset and leaves the log as it was.
+        for (at, frame) in [(0, 0), (9, 0), (after_first + 9, after_first), (after_first + 1, after_first)] {
+            let copy = damaged_copy(after_second, &[], Some(at));
+            let before = std::fs::read(copy.path().join(REDO_LOG)).unwrap();
+            let err = Store::open(copy.path(), 1 << 20, 1 << 20, 1 << 20).unwrap_err();
+            assert!(
+                matches!(err, StoreError::LogDamaged { offset, .. } if offset == frame),
+                "bit flipped at byte {at}: {err}"
+            );
+            assert_eq!(std::fs::read(copy.path().join(REDO_LOG)).unwrap(), before);
         }
+    }
+
+    /// sled going back to an older state (damaged files) is refused: the fold marker
+    /// remembers what was folded into it.
+    #[test]
+    fn a_sled_behind_its_fold_marker_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store_dir = dir.path().join("store");
+        let older = dir.path().join("older");
+        let cp = |n: u64| Checkpoint { next_batch_id: n, input_offset: 10 * n, ..Checkpoint::default() };
+        {
+            let mut store = Store::open(&store_dir, 1 << 20, 0, 1 << 20).unwrap();
+            store
+                .commit(vec![KeyChange { key: "a".into(), before: None, after: rec(Some(b"1"), None) }], &cp(1), true)
+                .unwrap();
+            store.fold_if_due().unwrap();
+        }
+        copy_dir(&store_dir, &older);
+        {
+            let mut store = Store::open(&store_dir, 1 << 20, 0, 1 << 20).unwrap();
+            store
+                .commit(vec![KeyChange { key: "b".into(), before: None, after: rec(Some(b"2"), None) }], &cp(2), true)
+                .unwrap();
+            store.fold_if_due().unwrap();
+        }
+        // sled's files from before the second fold, under the newer marker.
+        for entry in std::fs::read_dir(&older).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_name() != "fold.mark" {
+                let to = store_dir.join(entry.file_name());
+                if entry.file_type().unwrap().is_dir() {
+                    std::fs::remove_dir_all(&to).unwrap();
+                    copy_dir(&entry.path(), &to);
+                } else {
+                    std::fs::copy(entry.path(), to).unwrap();
+                }
+            }
+        }
+        let err = Store::open(&store_dir, 1 << 20, 0, 1 << 20).unwrap_err();
+        assert!(matches!(err, StoreError::Behind { .. }), "{err}");
+        assert!(err.to_string().contains("commits up to 1") && err.to_string().contains("up to 2"), "{err}");
+        // The older files with their own marker open at the older state.
+        let store = Store::open(&older, 1 << 20, 0, 1 << 20).unwrap();
+        assert_eq!(store.checkpoint().unwrap(), Some(cp(1)));
     }
 
     #[test]
@@ -906,6 +1059,7 @@ mod model {
                         model.checkpoint.next_batch_id += 1;
                         model.checkpoint.input_offset += rng.range(0, 100) as u64;
                         store.commit(changes, &model.checkpoint, rng.range(0, 2) == 0).unwrap();
+                        store.fold_if_due().unwrap();
                         for (k, after) in std::mem::take(&mut model.pending) {
                             match after {
                                 Some(r) => model.committed.insert(k, r),

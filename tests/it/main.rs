@@ -6,6 +6,7 @@
 mod cli;
 mod crash;
 mod hotload;
+mod integrity;
 mod languages;
 mod sandbox;
 mod scenarios;

@@ -91,6 +91,10 @@ struct RunArgs {
     /// The watermark trails the largest event time seen by this much.
     #[arg(long)]
     watermark_delay_ms: Option<i64>,
+    /// A record whose event time is more than this ahead of the batch's processing time
+    /// goes to the dead-letter output, not into the watermark [default: 86400000, one day].
+    #[arg(long)]
+    event_time_ahead_max_ms: Option<i64>,
     /// Records per micro-batch at most [default: 500000].
     #[arg(long)]
     batch_events: Option<usize>,
@@ -235,6 +239,9 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
     }
     if let Some(d) = args.watermark_delay_ms {
         config.watermark_delay_ms = d;
+    }
+    if let Some(d) = args.event_time_ahead_max_ms {
+        config.event_time_ahead_max_ms = d;
     }
     if let Some(n) = args.batch_events {
         config.batch_events_max = n;
