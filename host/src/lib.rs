@@ -13,6 +13,7 @@ mod fold_mark;
 pub mod pipeline;
 pub mod plugin;
 mod prepare;
+mod records;
 mod redo;
 pub mod reload;
 pub mod sink;

@@ -22,7 +22,36 @@ use std::path::{Path, PathBuf};
 use bincode::{Decode, Encode};
 
 use crate::codec;
-use crate::store::{Checkpoint, KeyChange, KeyRecord, StoreError};
+use crate::records::{Checkpoint, KeyChange, KeyRecord};
+
+/// The log could not be read or written, or holds what it must not.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LogError {
+    /// Reading or writing the file failed.
+    #[error("redo log {path}: {cause}")]
+    Io {
+        /// The log file.
+        path: PathBuf,
+        /// The I/O error.
+        cause: io::Error,
+    },
+    /// A damaged frame before a whole commit: not a torn append.
+    #[error("redo log {path} is damaged at byte {offset}, before the whole commit {commit} that follows")]
+    Damaged {
+        /// The log file.
+        path: PathBuf,
+        /// Where the damaged frame starts.
+        offset: u64,
+        /// The sequence number of a whole commit after it.
+        commit: u64,
+    },
+    /// A whole frame that breaks the log's rules.
+    #[error("redo log: {0}")]
+    Corrupt(String),
+    /// A whole frame whose record does not decode.
+    #[error(transparent)]
+    Decode(#[from] codec::DecodeError),
+}
 
 const TAG_CHANGE: u8 = b'k';
 const TAG_COMMIT: u8 = b'c';
@@ -84,8 +113,8 @@ impl RedoLog {
     /// follows is a torn tail (an append that a crash interrupted: its batch never
     /// committed) and is skipped; a damaged frame followed by a whole commit is damage
     /// to committed data, and the open fails without changing anything.
-    pub fn open(path: &Path, mut replay: impl FnMut(Replayed) -> Result<(), StoreError>) -> Result<Self, StoreError> {
-        let log_err = |cause| StoreError::Log { path: path.to_owned(), cause };
+    pub fn open<E: From<LogError>>(path: &Path, mut replay: impl FnMut(Replayed) -> Result<(), E>) -> Result<Self, E> {
+        let log_err = |cause| LogError::Io { path: path.to_owned(), cause };
         let file = OpenOptions::new().read(true).append(true).create(true).open(path).map_err(log_err)?;
         let mut reader = BufReader::with_capacity(1 << 20, &file);
         let mut frame = Vec::new();
@@ -105,18 +134,19 @@ impl RedoLog {
             let payload = &frame[1..];
             match tag {
                 TAG_CHANGE => {
-                    let change: ChangeIn = codec::decode("redo log change", payload)?;
+                    let change: ChangeIn = codec::decode("redo log change", payload).map_err(LogError::from)?;
                     pending.push((change.key, change.after));
                 }
                 TAG_COMMIT => {
-                    let commit: CommitIn = codec::decode("redo log commit", payload)?;
+                    let commit: CommitIn = codec::decode("redo log commit", payload).map_err(LogError::from)?;
                     if commit.changes != pending.len() as u64 {
-                        return Err(StoreError::Corrupt(format!(
-                            "redo log commit {} counts {} changes, {} precede it",
+                        return Err(LogError::Corrupt(format!(
+                            "commit {} counts {} changes, {} precede it",
                             commit.seq,
                             commit.changes,
                             pending.len()
-                        )));
+                        ))
+                        .into());
                     }
                     replay(Replayed {
                         seq: commit.seq,
@@ -124,7 +154,7 @@ impl RedoLog {
                         checkpoint: commit.checkpoint,
                     })?;
                 }
-                other => return Err(StoreError::Corrupt(format!("redo log frame with unknown tag {other}"))),
+                other => return Err(LogError::Corrupt(format!("frame with unknown tag {other}")).into()),
             }
         }
         drop(reader);
@@ -146,9 +176,9 @@ impl RedoLog {
         changes: &[KeyChange],
         checkpoint: &Checkpoint,
         durable: bool,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), LogError> {
         if self.broken {
-            return Err(StoreError::Log {
+            return Err(LogError::Io {
                 path: self.path.clone(),
                 cause: io::Error::other("an earlier append failed and could not be undone; reopen the pipeline"),
             });
@@ -165,7 +195,7 @@ impl RedoLog {
             if self.file.set_len(self.len).is_err() {
                 self.broken = true;
             }
-            return Err(StoreError::Log { path: self.path.clone(), cause });
+            return Err(LogError::Io { path: self.path.clone(), cause });
         }
         self.len += self.buf.len() as u64;
         if self.buf.capacity() > 4 << 20 {
@@ -175,8 +205,8 @@ impl RedoLog {
     }
 
     /// Empties the log, once everything in it is durable elsewhere (folded into sled).
-    pub fn clear(&mut self) -> Result<(), StoreError> {
-        let log_err = |cause| StoreError::Log { path: self.path.clone(), cause };
+    pub fn clear(&mut self) -> Result<(), LogError> {
+        let log_err = |cause| LogError::Io { path: self.path.clone(), cause };
         self.file.set_len(0).map_err(log_err)?;
         self.file.sync_all().map_err(log_err)?;
         self.len = 0;
@@ -240,14 +270,14 @@ const COMMIT_FRAME_BYTES_MAX: usize = 64 << 10;
 /// commit frame, so the damage is the tail of an append that never completed. A whole
 /// commit after it means a commit that was acknowledged is damaged (a bad disk, an
 /// edit): the open must fail, or every commit after the damage would be lost.
-fn check_torn_tail(path: &Path, mut file: &File, offset: u64) -> Result<(), StoreError> {
+fn check_torn_tail(path: &Path, mut file: &File, offset: u64) -> Result<(), LogError> {
     // From the byte after the damaged frame's start, not from where reading it
     // stopped: a damaged length may have swallowed the frames after it. A commit
     // frame may start at any byte.
     let mut rest = Vec::new();
     file.seek(SeekFrom::Start(offset + 1))
         .and_then(|_| file.read_to_end(&mut rest))
-        .map_err(|cause| StoreError::Log { path: path.to_owned(), cause })?;
+        .map_err(|cause| LogError::Io { path: path.to_owned(), cause })?;
     for at in 0..rest.len().saturating_sub(FRAME_HEADER) {
         if rest[at + FRAME_HEADER] != TAG_COMMIT {
             continue;
@@ -261,7 +291,7 @@ fn check_torn_tail(path: &Path, mut file: &File, offset: u64) -> Result<(), Stor
             continue;
         }
         if let Ok(commit) = codec::decode::<CommitIn>("redo log commit", &payload[1..]) {
-            return Err(StoreError::LogDamaged { path: path.to_owned(), offset, commit: commit.seq });
+            return Err(LogError::Damaged { path: path.to_owned(), offset, commit: commit.seq });
         }
     }
     Ok(())

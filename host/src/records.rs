@@ -1,0 +1,112 @@
+//! The records the store keeps: per key ([`KeyRecord`]), per batch ([`Checkpoint`],
+//! [`BatchPlan`], [`KeyChange`]) and per state dir ([`PipelineIdentity`]). They sit
+//! below both the store and its redo log, which encode them through `codec`; neither
+//! of the two imports the other for them.
+
+use bincode::{Decode, Encode};
+
+/// Everything the store keeps for one group key.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct KeyRecord {
+    /// The state value (opaque to the host), if the key has one.
+    pub value: Option<Vec<u8>>,
+    /// The key's timeout deadline in epoch milliseconds (processing or event time, per
+    /// the pipeline's timeout kind), if one is set.
+    pub timeout_ms: Option<i64>,
+    /// The plugin state-schema version that wrote `value`.
+    pub schema_version: u32,
+}
+
+impl KeyRecord {
+    /// A record with neither value nor timeout carries nothing and is not stored.
+    pub fn is_empty(&self) -> bool {
+        self.value.is_none() && self.timeout_ms.is_none()
+    }
+}
+
+/// Counters carried in the checkpoint, so that a resumed run reports totals.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Encode, Decode)]
+pub struct Counters {
+    /// Input records read (good, late and bad).
+    pub records: u64,
+    /// Records that went to the plugin.
+    pub events: u64,
+    /// Records behind the watermark, written to the late output.
+    pub late: u64,
+    /// Records that could not be decoded.
+    pub bad_records: u64,
+    /// Plugin calls with data.
+    pub data_calls: u64,
+    /// Plugin calls for expired timeouts.
+    pub timeout_calls: u64,
+    /// Outputs written.
+    pub outputs: u64,
+    /// Plugin calls that failed (trap, limit, or an `err` result) and were skipped or
+    /// dead-lettered.
+    pub failed_calls: u64,
+}
+
+/// The committed position of a pipeline: written atomically with the state changes
+/// of the batch it closes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Encode, Decode)]
+pub struct Checkpoint {
+    /// The id the next batch gets.
+    pub next_batch_id: u64,
+    /// Input byte offset after the last committed record.
+    pub input_offset: u64,
+    /// A digest of the input's bytes before `input_offset` (0 for stdin): a resumed
+    /// run checks that its input still has them.
+    pub input_digest: u32,
+    /// Committed byte lengths of the output, late-data and dead-letter files.
+    pub output_len: u64,
+    /// See `output_len`.
+    pub late_len: u64,
+    /// See `output_len`.
+    pub dead_letter_len: u64,
+    /// The largest event time seen in committed batches.
+    pub max_event_time_ms: Option<i64>,
+    /// The watermark of the last committed batch; it never moves backwards.
+    pub watermark_ms: i64,
+    /// Running totals.
+    pub counters: Counters,
+}
+
+/// A batch fixed before it is processed (the write-ahead batch log): a crash re-runs
+/// the same plan, so the replay sees the same records, time and watermark.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct BatchPlan {
+    /// The batch id.
+    pub batch_id: u64,
+    /// Input byte offset of the first record.
+    pub start_offset: u64,
+    /// Input byte offset after the last record.
+    pub end_offset: u64,
+    /// The batch's processing time (epoch milliseconds).
+    pub processing_time_ms: i64,
+    /// The batch's watermark (epoch milliseconds).
+    pub watermark_ms: i64,
+}
+
+/// What a state dir was created for; a later run must match it.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct PipelineIdentity {
+    /// The key field.
+    pub key_field: String,
+    /// The time field, if any.
+    pub time_field: Option<String>,
+    /// The timeout kind, as its CLI name.
+    pub timeout: String,
+    /// The input, as given (a path or `-`).
+    pub input: String,
+}
+
+/// A key's record before and after a batch.
+#[derive(Debug, Clone)]
+pub struct KeyChange {
+    /// The group key.
+    pub key: String,
+    /// The record as loaded at the start of the batch.
+    pub before: Option<KeyRecord>,
+    /// The record to store (`None` deletes it).
+    pub after: Option<KeyRecord>,
+}
