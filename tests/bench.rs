@@ -1,4 +1,4 @@
-//! The benchmark (issue 8's figures, WORKLOAD.md's workload). Run it with
+//! The benchmark (WORKLOAD.md's workload; figures in BENCHMARKS.md). Run it with
 //! `cargo run --release -p groupstate-tests --bin bench -- <scenario> [options]`:
 //!
 //! - `throughput [--events N] [--sensors K] [--runs R] [--batch-events B] [--configs floor,native,wasm]`: the sensor

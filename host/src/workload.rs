@@ -1,7 +1,7 @@
 //! The sensor-alerts workload generator (`groupstate gen sensor`): deterministic
 //! JSON Lines from (events, sensors, seed), ordered by `ts`. Sensors report at their
 //! own irregular pace, errors come in bursts, and sensors sometimes go silent for more
-//! than ten minutes (see shared WORKLOAD.md).
+//! than ten minutes (see WORKLOAD.md at the repository root).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

@@ -45,7 +45,7 @@ enum Command {
 
 #[derive(Subcommand)]
 enum GenCommand {
-    /// The sensor-alerts workload (shared WORKLOAD.md).
+    /// The sensor-alerts workload (WORKLOAD.md at the repository root).
     Sensor {
         /// Events to generate.
         #[arg(long, default_value_t = 1_000_000)]
