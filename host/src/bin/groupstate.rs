@@ -41,6 +41,15 @@ enum Command {
         /// The component.
         path: PathBuf,
     },
+    /// Test a compiled plugin against scenarios: steps of input with their clock, and
+    /// the outputs, late records, keys, timers and watermark that must follow.
+    Test {
+        /// The component (.wasm).
+        plugin: PathBuf,
+        /// Scenario files (TOML), or folders of them.
+        #[arg(required = true)]
+        scenarios: Vec<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -184,6 +193,39 @@ struct StateArgs {
     key: Option<String>,
 }
 
+/// `groupstate test`: runs every scenario, says which failed and how, and fails if any
+/// did.
+fn test(plugin: &std::path::Path, paths: &[PathBuf]) -> Result<()> {
+    if !plugin.is_file() {
+        bail!("plugin {}: no such file; build the plugin first", plugin.display());
+    }
+    let mut files = Vec::new();
+    for path in paths {
+        files.extend(groupstate::scenario::files(path).map_err(anyhow::Error::msg)?);
+    }
+    let cache = groupstate::pipeline::default_cache_dir();
+    let (mut passed, mut failed) = (0usize, 0usize);
+    for file in &files {
+        let result =
+            groupstate::scenario::load(file).and_then(|s| groupstate::scenario::run(&s, plugin, cache.as_deref()));
+        match result {
+            Ok(()) => {
+                passed += 1;
+                println!("ok   {}", file.display());
+            }
+            Err(why) => {
+                failed += 1;
+                println!("FAIL {}\n  {}", file.display(), why.replace('\n', "\n  "));
+            }
+        }
+    }
+    println!("scenarios: {passed} passed, {failed} failed");
+    if failed > 0 {
+        bail!("{failed} of {} scenarios failed", files.len());
+    }
+    Ok(())
+}
+
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -193,6 +235,7 @@ fn main() {
         }
         Command::State(args) => state(&args),
         Command::Plugin { path } => plugin(&path),
+        Command::Test { plugin, scenarios } => test(&plugin, &scenarios),
     };
     if let Err(e) = result {
         eprintln!("groupstate: error: {e:#}");
