@@ -4,12 +4,15 @@
 # sudo); the rest installs for the current user.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
-rustup component list --installed | grep -q '^clippy' || rustup component add clippy
-rustup component list --installed | grep -q '^rustfmt' || rustup component add rustfmt
+# Says what it installs before it starts: some steps take minutes.
+say() { echo "setup: $*"; }
+rustup target list --installed | grep -qx wasm32-wasip2 || { say "adding the wasm32-wasip2 target (rustup)"; rustup target add wasm32-wasip2; }
+rustup component list --installed | grep -q '^clippy' || { say "adding clippy (rustup)"; rustup component add clippy; }
+rustup component list --installed | grep -q '^rustfmt' || { say "adding rustfmt (rustup)"; rustup component add rustfmt; }
 # Toolchains of the plugins in other languages (plugins/sensor-alerts-{py,js,c}), which
 # tests/build.rs builds.
 if ! dpkg -s clang-14 lld-14 wasi-libc libclang-rt-14-dev-wasm32 >/dev/null 2>&1; then
+  say "installing clang-14, lld-14, wasi-libc and libclang-rt-14-dev-wasm32 (apt-get; about a minute)"
   sudo_if_needed=""
   [ "$(id -u)" -eq 0 ] || sudo_if_needed="sudo"
   $sudo_if_needed apt-get update -qq
@@ -17,12 +20,15 @@ if ! dpkg -s clang-14 lld-14 wasi-libc libclang-rt-14-dev-wasm32 >/dev/null 2>&1
     clang-14 lld-14 wasi-libc libclang-rt-14-dev-wasm32 >/dev/null
 fi
 if ! componentize-py --version 2>/dev/null | grep -q '0\.25\.1'; then
+  say "installing componentize-py 0.25.1 (pip)"
   pip install --quiet --disable-pip-version-check --root-user-action=ignore componentize-py==0.25.1
 fi
 js=plugins/sensor-alerts-js
 if [ ! -f "$js/node_modules/.package-lock.json" ] || [ "$js/package-lock.json" -nt "$js/node_modules/.package-lock.json" ]; then
+  say "installing the JavaScript plugin's npm packages (npm ci in $js)"
   npm ci --prefix "$js" --no-audit --no-fund --loglevel=error
 fi
 if ! wit-bindgen --version 2>/dev/null | grep -qx 'wit-bindgen-cli 0.61.1'; then
+  say "building wit-bindgen-cli 0.61.1 (cargo install; a few minutes)"
   cargo install --quiet --locked wit-bindgen-cli@0.61.1 --no-default-features --features c
 fi

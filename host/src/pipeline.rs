@@ -157,7 +157,7 @@ pub enum Error {
         cause: StoreError,
     },
     /// The state dir belongs to another pipeline.
-    #[error("state dir {dir} was created for {recorded}, not {given}; use a new --state-dir or the original settings")]
+    #[error("state dir {dir} was created with {recorded}, not {given}; use the original setting, or a new --state-dir")]
     Mismatch {
         /// The state dir.
         dir: PathBuf,
@@ -179,6 +179,8 @@ pub struct BatchReport {
     pub keys: u64,
     /// Timeouts fired.
     pub timeouts: u64,
+    /// Records behind the watermark, sent to the late output.
+    pub late: u64,
     /// Whether this batch was a replay of a plan left by a stopped run.
     pub replayed: bool,
     /// The watermark the batch ran with.
@@ -275,6 +277,7 @@ impl Pipeline {
         plugin: Box<dyn StateFunction>,
     ) -> Result<Self, Error> {
         config.validate()?;
+        check_streams(&config)?;
         let store = Store::open(
             &config.state_dir.join("store"),
             config.limits.store_cache_bytes,
@@ -611,11 +614,12 @@ impl Pipeline {
         );
         self.input.prefetch(next);
         let records = prepared.records;
+        let late = prepared.late_lines.len() as u64;
         let mut batch = Batch::new(plan, self.checkpoint.counters, max_event_time_ms);
         batch.input_digest = prepared.input_digest;
         batch.counters.records += records;
         batch.counters.events += prepared.groups.iter().map(|(_, events)| events.len() as u64).sum::<u64>();
-        batch.counters.late += prepared.late_lines.len() as u64;
+        batch.counters.late += late;
         batch.counters.bad_records += prepared.bad_lines.len() as u64;
         let result = self.process(&mut batch, prepared).and_then(|()| {
             let started = self.clock.monotonic_ns();
@@ -637,6 +641,7 @@ impl Pipeline {
             records,
             keys: batch.data_keys,
             timeouts: batch.timeout_keys,
+            late,
             replayed,
             watermark_ms: batch.plan.watermark_ms,
         })
@@ -871,37 +876,88 @@ fn counters_since(now: &Counters, start: &Counters) -> Counters {
     }
 }
 
-fn check_identity(store: &Store, config: &PipelineConfig) -> Result<(), Error> {
-    let given = PipelineIdentity {
+/// The settings a state dir is tied to, as this run gives them.
+fn identity_of(config: &PipelineConfig) -> PipelineIdentity {
+    PipelineIdentity {
         key_field: config.key_field.clone(),
         time_field: config.time_field.clone(),
         timeout: config.timeout.as_str().to_owned(),
-        // The same file named by another path is the same input.
-        input: match &config.input {
-            Stream::File(p) => std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()).display().to_string(),
-            Stream::Std => "-".to_owned(),
-        },
+        input: stream_identity(&config.input),
+        output: stream_identity(&config.output),
+    }
+}
+
+/// A stream as a state dir remembers it: the same file named by another path is the
+/// same stream (an output may not exist yet: its folder is resolved, not the file).
+fn stream_identity(stream: &Stream) -> String {
+    let Stream::File(path) = stream else {
+        return "-".to_owned();
     };
-    match store.pipeline_identity()? {
-        None => store.set_pipeline_identity(&given)?,
-        Some(recorded) if recorded == given => {}
-        Some(recorded) => {
-            return Err(Error::Mismatch {
-                dir: config.state_dir.clone(),
-                recorded: describe_identity(&recorded),
-                given: describe_identity(&given),
-            });
+    let resolved = std::fs::canonicalize(path).ok().or_else(|| {
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        Some(std::fs::canonicalize(parent).ok()?.join(path.file_name()?))
+    });
+    resolved.unwrap_or_else(|| path.clone()).display().to_string()
+}
+
+fn check_identity(store: &Store, config: &PipelineConfig) -> Result<(), Error> {
+    let given = identity_of(config);
+    let Some(recorded) = store.pipeline_identity()? else {
+        store.set_pipeline_identity(&given)?;
+        return Ok(());
+    };
+    let time = |id: &PipelineIdentity| id.time_field.clone().unwrap_or_else(|| "(none)".to_owned());
+    // Only the settings that differ are named.
+    let differing: Vec<(&str, String, String)> = [
+        ("--input", recorded.input.clone(), given.input.clone()),
+        ("--output", recorded.output.clone(), given.output.clone()),
+        ("--key-field", recorded.key_field.clone(), given.key_field.clone()),
+        ("--time-field", time(&recorded), time(&given)),
+        ("--timeout", recorded.timeout.clone(), given.timeout.clone()),
+    ]
+    .into_iter()
+    .filter(|(_, was, is)| was != is)
+    .collect();
+    if differing.is_empty() {
+        return Ok(());
+    }
+    let describe = |recorded: bool| {
+        let value = |d: &(&str, String, String)| if recorded { d.1.clone() } else { d.2.clone() };
+        differing.iter().map(|d| format!("{} {}", d.0, value(d))).collect::<Vec<_>>().join(" ")
+    };
+    Err(Error::Mismatch { dir: config.state_dir.clone(), recorded: describe(true), given: describe(false) })
+}
+
+/// Checks that the input can be read and the outputs written, before the state dir
+/// is created or changed: a wrong path must not leave a state dir tied to it.
+fn check_streams(config: &PipelineConfig) -> Result<(), Error> {
+    let bad = |what: String| Err(Error::Config(crate::config::ConfigError(what)));
+    if let Stream::File(path) = &config.input {
+        match std::fs::metadata(path) {
+            Ok(meta) if meta.is_dir() => {
+                return bad(format!("--input {} is a directory; give a JSON Lines file", path.display()));
+            }
+            Ok(_) => {}
+            Err(e) => return bad(format!("--input {}: {e}; check the path", path.display())),
+        }
+    }
+    let outputs = [
+        (
+            "--output",
+            match &config.output {
+                Stream::File(path) => Some(path.clone()),
+                Stream::Std => None,
+            },
+        ),
+        ("--late", config.late.clone()),
+        ("--dead-letter", config.dead_letter.clone()),
+    ];
+    for (flag, path) in outputs {
+        let Some(path) = path else { continue };
+        // A missing folder is created with the file; a directory cannot be one.
+        if path.is_dir() {
+            return bad(format!("{flag} {} is a directory; give a file path for the output", path.display()));
         }
     }
     Ok(())
-}
-
-fn describe_identity(id: &PipelineIdentity) -> String {
-    format!(
-        "--input {} --key-field {} --time-field {} --timeout {}",
-        id.input,
-        id.key_field,
-        id.time_field.as_deref().unwrap_or("(none)"),
-        id.timeout
-    )
 }

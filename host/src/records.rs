@@ -96,8 +96,11 @@ pub struct PipelineIdentity {
     pub time_field: Option<String>,
     /// The timeout kind, as its CLI name.
     pub timeout: String,
-    /// The input, as given (a path or `-`).
+    /// The input: its canonical path, or `-`.
     pub input: String,
+    /// The output: its canonical path, or `-` (the committed output length refers to
+    /// this file).
+    pub output: String,
 }
 
 /// A key's record before and after a batch.

@@ -89,11 +89,51 @@ fn state_dir_refuses_another_pipeline() {
     let input = sensor_input(dir.path(), 1_000, 10, 1);
     let config = sensor_config(&input, dir.path());
     run(config.clone(), NOW_MS);
-    let mut other = config;
+    let open_err = |config: groupstate::PipelineConfig| {
+        let clock = std::sync::Arc::new(groupstate::ManualClock::new(NOW_MS));
+        Pipeline::open(config, clock).map(|_| ()).unwrap_err().to_string()
+    };
+    let mut other = config.clone();
     other.key_field = "status".into();
-    let clock = std::sync::Arc::new(groupstate::ManualClock::new(NOW_MS));
-    let err = Pipeline::open(other, clock).unwrap_err().to_string();
-    assert!(err.contains("was created for") && err.contains("--key-field sensor_id"), "{err}");
+    let err = open_err(other);
+    assert!(
+        err.ends_with(
+            "created with --key-field sensor_id, not --key-field status; use the original setting, or a new --state-dir"
+        ),
+        "{err}"
+    );
+    // Only the setting that differs is named.
+    let mut other = config.clone();
+    other.output = groupstate::Stream::File(dir.path().join("elsewhere.jsonl"));
+    let err = open_err(other);
+    assert!(err.contains("created with --output ") && err.contains("elsewhere.jsonl; use"), "{err}");
+    assert!(!err.contains("--key-field") && !err.contains("--input"), "{err}");
+    // The same output named through another path is the same output.
+    let mut same = config.clone();
+    same.output = groupstate::Stream::File(dir.path().join(".").join("out.jsonl"));
+    run(same, NOW_MS);
+}
+
+#[test]
+fn bad_paths_are_refused_before_a_state_dir_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = sensor_input(dir.path(), 100, 10, 1);
+    let check = |config: groupstate::PipelineConfig, words: &str| {
+        let clock = std::sync::Arc::new(groupstate::ManualClock::new(NOW_MS));
+        let err = Pipeline::open(config, clock).map(|_| ()).unwrap_err().to_string();
+        assert!(err.contains(words), "{err:?} should say {words:?}");
+        assert!(!dir.path().join("state").exists(), "a state dir was made for {words}");
+    };
+    let mut config = sensor_config(&dir.path().join("missing.jsonl"), dir.path());
+    check(config.clone(), "--input ");
+    config.input = groupstate::Stream::File(dir.path().to_owned());
+    check(config, "is a directory; give a JSON Lines file");
+    let mut config = sensor_config(&input, dir.path());
+    config.output = groupstate::Stream::File(dir.path().to_owned());
+    check(config.clone(), "--output");
+    let mut config = sensor_config(&input, dir.path());
+    config.late = Some(dir.path().to_owned());
+    check(config, "--late");
 }
 
 #[test]

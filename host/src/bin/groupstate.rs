@@ -205,21 +205,22 @@ fn test(plugin: &std::path::Path, paths: &[PathBuf]) -> Result<()> {
     }
     let cache = groupstate::pipeline::default_cache_dir();
     let (mut passed, mut failed) = (0usize, 0usize);
+    let mut out = std::io::stdout().lock();
     for file in &files {
         let result =
             groupstate::scenario::load(file).and_then(|s| groupstate::scenario::run(&s, plugin, cache.as_deref()));
         match result {
             Ok(()) => {
                 passed += 1;
-                println!("ok   {}", file.display());
+                writeln!(out, "ok   {}", file.display())?;
             }
             Err(why) => {
                 failed += 1;
-                println!("FAIL {}\n  {}", file.display(), why.replace('\n', "\n  "));
+                writeln!(out, "FAIL {}\n  {}", file.display(), why.replace('\n', "\n  "))?;
             }
         }
     }
-    println!("scenarios: {passed} passed, {failed} failed");
+    writeln!(out, "scenarios: {passed} passed, {failed} failed")?;
     if failed > 0 {
         bail!("{failed} of {} scenarios failed", files.len());
     }
@@ -238,9 +239,38 @@ fn main() {
         Command::Test { plugin, scenarios } => test(&plugin, &scenarios),
     };
     if let Err(e) = result {
+        // A reader that closed the pipe (`groupstate state ... | head`) ends the output
+        // normally: there is nobody left to tell.
+        if is_broken_pipe(&e) {
+            return;
+        }
         eprintln!("groupstate: error: {e:#}");
         std::process::exit(1);
     }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+}
+
+/// `n` and the noun, singular for 1.
+fn count(n: u64, singular: &str, plural: &str) -> String {
+    format!("{n} {}", if n == 1 { singular } else { plural })
+}
+
+/// Records behind the watermark, as a share of all, above which a run warns.
+const LATE_SHARE_WARNING: f64 = 0.01;
+
+/// The warning for a run that sent many records to the late output: an out-of-order
+/// input with no watermark delay looks like this.
+fn late_warning(late: u64, records: u64, delay_ms: i64) -> Option<String> {
+    let share = late as f64 / records.max(1) as f64;
+    (share > LATE_SHARE_WARNING).then(|| {
+        format!(
+            "groupstate: warning: {late} of {records} records ({:.1}%) were behind the watermark and went to the late output, unprocessed; if the input is out of order, raise --watermark-delay-ms (now {delay_ms}) to the largest delay you expect",
+            share * 100.0
+        )
+    })
 }
 
 fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
@@ -347,8 +377,20 @@ fn run(args: RunArgs) -> Result<()> {
     start_hot_load(&args, &config, &pipeline)?;
     let mut last_report = clock.monotonic_ns();
     let mut records = 0u64;
+    let mut late = 0u64;
+    // A long (or endless, with --follow) run warns once, as soon as the share of late
+    // records is clear; a short one at the end.
+    let mut late_warned = None;
     let summary = pipeline.run(&mut |b| {
         records += b.records;
+        late += b.late;
+        if late_warned.is_none()
+            && records >= 100_000
+            && let Some(warning) = late_warning(late, records, config.watermark_delay_ms)
+        {
+            eprintln!("{warning}");
+            late_warned = Some(());
+        }
         let now = clock.monotonic_ns();
         if !args.quiet && (now - last_report > 2_000_000_000 || b.replayed) {
             last_report = now;
@@ -368,21 +410,26 @@ fn run(args: RunArgs) -> Result<()> {
     let r = &summary.run;
     let secs = summary.elapsed_ms as f64 / 1000.0;
     eprintln!(
-        "groupstate: done: {} batches, {} records in {:.2} s ({:.0} records/s); {} events to the plugin in {} calls, {} timeout calls; {} outputs; {} late, {} bad records, {} failed calls; input offset {}, next batch {}",
-        summary.batches,
-        r.records,
+        "groupstate: done: {}, {} in {:.2} s ({:.0} records/s); {} to the plugin in {}, {}; {}; {} late, {}, {}; input offset {}, next batch {}",
+        count(summary.batches, "batch", "batches"),
+        count(r.records, "record", "records"),
         secs,
         r.records as f64 / secs.max(1e-9),
-        r.events,
-        r.data_calls,
-        r.timeout_calls,
-        r.outputs,
+        count(r.events, "event", "events"),
+        count(r.data_calls, "call", "calls"),
+        count(r.timeout_calls, "timeout call", "timeout calls"),
+        count(r.outputs, "output", "outputs"),
         r.late,
-        r.bad_records,
-        r.failed_calls,
+        count(r.bad_records, "bad record", "bad records"),
+        count(r.failed_calls, "failed call", "failed calls"),
         summary.checkpoint.input_offset,
         summary.checkpoint.next_batch_id,
     );
+    if late_warned.is_none()
+        && let Some(warning) = late_warning(r.late, r.records, config.watermark_delay_ms)
+    {
+        eprintln!("{warning}");
+    }
     let status = pipeline.plugin_status();
     let status = status.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     for (batch, from, to) in &status.swaps {
@@ -437,6 +484,9 @@ fn start_hot_load(args: &RunArgs, config: &PipelineConfig, pipeline: &Pipeline) 
 }
 
 fn gen_sensor(spec: SensorSpec, output: &PathBuf) -> Result<()> {
+    if spec.sensors == 0 {
+        bail!("--sensors must be at least 1: every event comes from a sensor");
+    }
     if output.as_os_str() == "-" {
         let stdout = std::io::stdout();
         let mut out = std::io::BufWriter::new(stdout.lock());
@@ -540,6 +590,6 @@ fn plugin(path: &std::path::Path) -> Result<()> {
         "imports": i.imports,
         "forbidden_imports": i.forbidden_imports,
     });
-    println!("{}", serde_json::to_string_pretty(&report)?);
+    writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&report)?)?;
     Ok(())
 }
