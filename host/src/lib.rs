@@ -9,6 +9,7 @@ pub mod clock;
 pub mod codec;
 pub mod config;
 pub mod decode;
+mod pace;
 pub mod pipeline;
 pub mod plugin;
 mod prepare;
@@ -17,6 +18,7 @@ pub mod reload;
 pub mod sink;
 pub mod source;
 pub mod store;
+mod swap;
 pub mod workload;
 
 pub use clock::{Clock, ManualClock, SystemClock};
