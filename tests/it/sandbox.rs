@@ -696,6 +696,16 @@ fn leaked_wasi_handles_are_stopped_at_the_resource_limit() {
 }
 
 #[test]
+fn an_instance_without_room_for_the_state_handle_fails_the_call_not_the_host() {
+    let limits = Limits { instance_resources_max: 0, ..test_limits() };
+    let mut plugin = adversary(&limits);
+    for _ in 0..2 {
+        let message = trap_message(call(&mut plugin, "k", &[order("count")]));
+        assert!(message.contains("no room for the group-state handle (instance_resources_max = 0"), "{message}");
+    }
+}
+
+#[test]
 fn plugin_chosen_name_and_version_are_escaped_and_clipped_everywhere() {
     // A name that would paint the terminal, forge a `groupstate: done:` line and fill
     // the log with 16 MiB.

@@ -657,7 +657,15 @@ impl Plugin {
         let live = self.live()?;
         live.env.prepare_call(req.processing_time_ms, req.batch_id, req.key);
         let handle = GroupStateHandle::new(req, kind, state_bytes_max);
-        let resource = live.store.data_mut().table.push(handle).map_err(|e| CallError::Trap(e.to_string()))?;
+        let Ok(resource) = live.store.data_mut().table.push(handle) else {
+            // The instance holds instance_resources_max handles already: it would fail
+            // every call from now on, so it goes like a trapped one.
+            self.live = None;
+            return Err(CallError::Trap(format!(
+                "no room for the group-state handle (instance_resources_max = {}: the plugin holds too many handles; drop the ones it no longer uses)",
+                self.limits.instance_resources_max
+            )));
+        };
         let borrowed = wasmtime::component::Resource::<GroupStateHandle>::new_borrow(resource.rep());
         set_deadline(&mut live.store, ticks);
         let result = live.bindings.call_process(&mut live.store, req.key, req.events, borrowed);
