@@ -754,7 +754,8 @@ fn log_of_one_event_batches(lines: &[&str]) -> String {
     append(&dir.path().join("in.jsonl"), lines);
     let (dir_s, cache) = (dir.path().display().to_string(), cache_dir().display().to_string());
     let mut args = run_args(plugins::ADVERSARY, &dir_s, &cache);
-    args.extend(["--batch-events", "1"].map(str::to_owned));
+    // A CPU limit far above the slow call, so that a busy machine cannot make it trap.
+    args.extend(["--batch-events", "1", "--call-cpu-ms-max", "10000"].map(str::to_owned));
     let (ok, stderr) = groupstate(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(ok, "{stderr}");
     stderr
@@ -764,13 +765,14 @@ fn log_of_one_event_batches(lines: &[&str]) -> String {
 fn a_plugin_turning_slow_is_reported_and_a_steady_one_is_not() {
     let steady = [r#"{"k":"a"}"#; 24];
     assert!(!log_of_one_event_batches(&steady).contains("per call"), "a steady plugin must not warn");
-    // Batch 16 spins for a few hundred milliseconds (under the 1 s CPU limit): 10 000
-    // times the microseconds its calls take otherwise.
+    // Batch 16 spins for a few hundred milliseconds (over the 100 ms floor of the
+    // warning): thousands of times the microseconds its calls take otherwise.
     let mut turning = steady.to_vec();
-    turning[16] = r#"{"k":"a","do":"spin","n":200000000}"#;
+    turning[16] = r#"{"k":"a","do":"spin","n":2000000000}"#;
     let stderr = log_of_one_event_batches(&turning);
     let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("per call")).collect();
     assert_eq!(warnings.len(), 1, "{stderr}");
     assert!(warnings[0].starts_with("groupstate: warning: batch 16: plugin adversary 0.1.0"), "{}", warnings[0]);
     assert!(warnings[0].contains("the median of the last 16 batches"), "{}", warnings[0]);
+    eprintln!("{}", warnings[0]);
 }
