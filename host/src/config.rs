@@ -107,8 +107,14 @@ impl fmt::Display for Stream {
 pub struct Limits {
     /// CPU time one plugin call may take before it is interrupted (default 1000 ms).
     pub call_cpu_ms_max: u64,
-    /// Linear memory one plugin instance may grow to (default 256 MiB).
+    /// Memory one plugin instance may hold: all its linear memories together, plus
+    /// 8 bytes per element of all its tables (default 256 MiB). A component that needs
+    /// more at instantiation is refused at load; growing past it traps.
     pub instance_memory_bytes_max: u64,
+    /// Resource handles one plugin instance may hold at once: WASI streams and
+    /// pollables, the call's `group-state` handle, resources it makes itself; one more
+    /// traps (default 10 000).
+    pub instance_resources_max: usize,
     /// Wasm stack of a plugin call (default 512 KiB).
     pub wasm_stack_bytes_max: usize,
     /// Size of one key's state value (default 1 MiB).
@@ -130,6 +136,10 @@ pub struct Limits {
     pub line_bytes_max: usize,
     /// Timeouts fired in one batch; the rest fire in the next batches (default 100 000).
     pub timeouts_per_batch_max: usize,
+    /// Time a new plugin version may take to migrate the sample of stored values it is
+    /// checked with before a hot swap (off the processing path); a slower one is
+    /// refused (default 10 000 ms).
+    pub migration_check_ms_max: u64,
     /// sled's page cache (default 64 MiB).
     pub store_cache_bytes: u64,
     /// Memory for committed state changes not yet folded into sled (default 8 MiB):
@@ -145,6 +155,7 @@ impl Default for Limits {
         Self {
             call_cpu_ms_max: 1000,
             instance_memory_bytes_max: 256 << 20,
+            instance_resources_max: 10_000,
             wasm_stack_bytes_max: 512 << 10,
             state_bytes_max: 1 << 20,
             outputs_per_call_max: 10_000,
@@ -153,6 +164,7 @@ impl Default for Limits {
             transfer_bytes_max: 64 << 20,
             line_bytes_max: 1 << 20,
             timeouts_per_batch_max: 100_000,
+            migration_check_ms_max: 10_000,
             store_cache_bytes: 64 << 20,
             store_buffer_bytes: 8 << 20,
             store_log_bytes: 64 << 20,
@@ -381,6 +393,8 @@ impl PipelineConfig {
             Bound::new("trigger_interval_ms", self.trigger_interval_ms, 1, DAY_MS),
             Bound::new("call_cpu_ms_max", l.call_cpu_ms_max, 1, 600_000),
             Bound::new("instance_memory_bytes_max", l.instance_memory_bytes_max, 64 * KIB, 4 * GIB),
+            Bound::new("instance_resources_max", l.instance_resources_max as u64, 1, 1_000_000),
+            Bound::new("migration_check_ms_max", l.migration_check_ms_max, 1, 600_000),
             Bound::new("wasm_stack_bytes_max", l.wasm_stack_bytes_max as u64, 16 * KIB, 64 * MIB),
             Bound::new("state_bytes_max", l.state_bytes_max, 1, STATE_BYTES_MAX_UPPER),
             Bound::new("outputs_per_call_max", l.outputs_per_call_max as u64, 1, 1_000_000),

@@ -10,6 +10,7 @@ pub mod codec;
 pub mod config;
 pub mod decode;
 mod fold_mark;
+mod pace;
 pub mod pipeline;
 pub mod plugin;
 mod prepare;
@@ -20,6 +21,7 @@ pub mod scenario;
 pub mod sink;
 pub mod source;
 pub mod store;
+mod swap;
 pub mod workload;
 
 pub use clock::{Clock, ManualClock, SystemClock};

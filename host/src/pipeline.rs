@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::config::{ErrorPolicy, PipelineConfig, Stream, TimeoutKind};
 use crate::decode::Decoder;
+use crate::pace::PaceWatch;
 use crate::plugin::{
     CallError, CallOutcome, CallRequest, Event, Plugin, PluginError, PluginInfo, Runtime, StagedValue,
 };
@@ -17,6 +18,7 @@ use crate::prepare::{Prepared, Preparer, Request};
 use crate::sink::{Sink, SinkError};
 use crate::source::{Source, SourceError};
 use crate::store::{BatchPlan, Checkpoint, Counters, KeyChange, KeyRecord, PipelineIdentity, Store, StoreError};
+use crate::swap::{CheckPlan, SampledValue, SwapCheck};
 
 /// What the pipeline calls per key: a loaded wasm [`Plugin`], or — for benchmarks and
 /// tests only, through [`Pipeline::open_with_function`] — a native implementation that
@@ -78,6 +80,14 @@ impl std::fmt::Debug for Candidate {
 /// differs); the rest are migrated lazily, on first touch.
 const MIGRATION_SAMPLE_KEYS: usize = 64;
 
+/// Keys looked at for that sample at most. The sample is taken on the processing path,
+/// so a large store whose values are mostly of the candidate's schema is not scanned
+/// whole; old values beyond it are found when first touched.
+const MIGRATION_SCAN_KEYS_MAX: usize = 10_000;
+
+/// Bytes of stored values in the sample at most (it is held until the check ends).
+const MIGRATION_SAMPLE_BYTES_MAX: usize = 16 << 20;
+
 /// Candidates queued at most; a full queue refuses new uploads until the pipeline has
 /// taken one.
 const CANDIDATES_MAX: usize = 4;
@@ -112,6 +122,9 @@ pub struct PluginStatus {
     pub swaps: Vec<(u64, String, String)>,
     /// The last refusal or rollback, if any.
     pub last_refusal: Option<String>,
+    /// A candidate whose migration check is under way (off the processing path), if
+    /// any; candidates queued meanwhile wait for its verdict.
+    pub checking: Option<String>,
 }
 
 /// A pipeline failed; the message names the stage.
@@ -227,6 +240,10 @@ pub struct Pipeline {
     /// The plugin replaced by the last swap, kept until the new one has committed a
     /// batch: a new version that fails its first batch under `fail` is rolled back.
     probation: Option<(Box<dyn StateFunction>, String)>,
+    /// The migration check of the next candidate, under way on its own thread.
+    swap_check: Option<SwapCheck<Candidate>>,
+    /// Per-call plugin time of the recent batches, to notice a plugin turning slow.
+    pace: PaceWatch,
     status: Arc<Mutex<PluginStatus>>,
 }
 
@@ -286,8 +303,7 @@ impl Pipeline {
         )?;
         check_identity(&store, &config)?;
         let checkpoint = store.checkpoint()?.unwrap_or_default();
-        let info = plugin.info();
-        let plugin_label = format!("{} {} (state schema {})", info.name, info.version, info.state_schema_version);
+        let plugin_label = label_of(plugin.info());
         let source = match &config.input {
             Stream::File(path) => {
                 let (offset, digest) = (checkpoint.input_offset, checkpoint.input_digest);
@@ -327,6 +343,8 @@ impl Pipeline {
             swaps_rx,
             swaps_tx,
             probation: None,
+            swap_check: None,
+            pace: PaceWatch::default(),
         })
     }
 
@@ -351,24 +369,67 @@ impl Pipeline {
         f(&mut status);
     }
 
-    /// Takes the newest queued candidate, if any, checks that it can read the stored
-    /// state, and makes it the running plugin from the next batch on.
+    /// Hot load, at a batch boundary: swaps in the candidate whose check has passed (or
+    /// records its refusal), then, if no check is under way, takes the newest queued
+    /// candidate. One that must migrate stored values is checked on a thread of its own
+    /// while the batches go on with the running plugin, and swapped in at the first
+    /// boundary after its check passed; one that has nothing to migrate is swapped in
+    /// at once.
     fn accept_swap(&mut self) -> Result<(), Error> {
-        let Some(mut candidate) = self.swaps_rx.try_iter().last() else {
-            return Ok(());
-        };
-        let info = candidate.plugin.info().clone();
-        let label = format!("{} {} (state schema {})", info.name, info.version, info.state_schema_version);
-        let batch_id = self.checkpoint.next_batch_id;
-        if let Err(why) = self.check_migration(candidate.plugin.as_mut(), info.state_schema_version) {
-            let message = format!(
-                "plugin {label} from {}: refused: {why}; {} keeps running",
-                candidate.origin, self.plugin_label
-            );
-            eprintln!("groupstate: {message}");
-            self.update_status(|s| s.last_refusal = Some(message));
+        if self.swap_check.as_ref().is_some_and(SwapCheck::is_finished)
+            && let Some(check) = self.swap_check.take()
+        {
+            self.finish_check(check);
+        }
+        if self.swap_check.is_some() {
             return Ok(());
         }
+        let Some(candidate) = self.swaps_rx.try_iter().last() else {
+            return Ok(());
+        };
+        let label = label_of(candidate.plugin.info());
+        let schema = candidate.plugin.info().state_schema_version;
+        let sample = match self.migration_sample(schema) {
+            Ok(sample) if sample.is_empty() => {
+                self.swap_in(candidate, label);
+                return Ok(());
+            }
+            Ok(sample) => sample,
+            Err(why) => {
+                self.refuse(&label, &candidate.origin, &why);
+                return Ok(());
+            }
+        };
+        let plan =
+            CheckPlan { sample, budget_ms: self.config.limits.migration_check_ms_max, clock: self.clock.clone() };
+        let origin = candidate.origin.clone();
+        let migrate =
+            |c: &mut Candidate, from: u32, value: &[u8]| c.plugin.migrate(from, value).map_err(|e| e.to_string());
+        match SwapCheck::start(candidate, migrate, plan, label.clone(), origin.clone()) {
+            Ok(check) => {
+                eprintln!("groupstate: plugin {label} from {origin}: checking its state migration");
+                self.update_status(|s| s.checking = Some(label));
+                self.swap_check = Some(check);
+            }
+            Err(e) => self.refuse(&label, &origin, &format!("cannot start the migration check ({e})")),
+        }
+        Ok(())
+    }
+
+    /// Acts on the verdict of a finished migration check.
+    fn finish_check(&mut self, check: SwapCheck<Candidate>) {
+        let (label, origin) = (check.label.clone(), check.origin.clone());
+        match check.finish() {
+            (Some(candidate), Ok(())) => self.swap_in(candidate, label),
+            (_, Err(why)) => self.refuse(&label, &origin, &why),
+            (None, Ok(())) => self.refuse(&label, &origin, "the migration check lost the candidate"),
+        }
+    }
+
+    /// Makes `candidate` the running plugin from the next batch on; the replaced one
+    /// is kept on probation until the new one commits a batch.
+    fn swap_in(&mut self, candidate: Candidate, label: String) {
+        let batch_id = self.checkpoint.next_batch_id;
         eprintln!(
             "groupstate: plugin swapped at batch {batch_id}: {} -> {label} (from {})",
             self.plugin_label, candidate.origin
@@ -379,29 +440,40 @@ impl Pipeline {
             s.swaps.push((batch_id, previous_label.clone(), label.clone()));
             s.running = label;
             s.since_batch = batch_id;
+            s.checking = None;
         });
         self.probation = Some((previous, previous_label));
-        Ok(())
     }
 
-    /// Migrates a sample of the stored values written under another schema version;
-    /// a candidate that cannot read them is refused before it runs.
-    fn check_migration(&mut self, candidate: &mut dyn StateFunction, schema: u32) -> Result<(), String> {
-        let mut checked = 0;
-        for entry in self.store.iter_keys() {
-            let (key, record) = entry.map_err(|e| e.to_string())?;
+    /// Records that the candidate `label` from `origin` was refused.
+    fn refuse(&mut self, label: &str, origin: &str, why: &str) {
+        let message = format!("plugin {label} from {origin}: refused: {why}; {} keeps running", self.plugin_label);
+        eprintln!("groupstate: {message}");
+        self.update_status(|s| {
+            s.last_refusal = Some(message);
+            s.checking = None;
+        });
+    }
+
+    /// Stored values written under another schema than `schema`, for a candidate to
+    /// migrate: up to [`MIGRATION_SAMPLE_KEYS`] values and [`MIGRATION_SAMPLE_BYTES_MAX`]
+    /// bytes, from the first [`MIGRATION_SCAN_KEYS_MAX`] keys. Reading them is cheap;
+    /// migrating them is left to the check's thread.
+    fn migration_sample(&self, schema: u32) -> Result<Vec<SampledValue>, String> {
+        let mut sample = Vec::new();
+        let mut bytes = 0;
+        for entry in self.store.iter_keys().take(MIGRATION_SCAN_KEYS_MAX) {
+            let (key, record) = entry.map_err(|e| format!("cannot read the stored state to check it: {e}"))?;
             let Some(value) = record.value.filter(|_| record.schema_version != schema) else {
                 continue;
             };
-            candidate.migrate(record.schema_version, &value).map_err(|e| {
-                format!("cannot read key {key:?} stored under state schema {}: {e}", record.schema_version)
-            })?;
-            checked += 1;
-            if checked == MIGRATION_SAMPLE_KEYS {
+            bytes += value.len();
+            sample.push(SampledValue { key, schema_version: record.schema_version, value });
+            if sample.len() == MIGRATION_SAMPLE_KEYS || bytes >= MIGRATION_SAMPLE_BYTES_MAX {
                 break;
             }
         }
-        Ok(())
+        Ok(sample)
     }
 
     /// Puts back the plugin that ran before the last swap, after the new one failed its
@@ -621,6 +693,7 @@ impl Pipeline {
         batch.counters.events += prepared.groups.iter().map(|(_, events)| events.len() as u64).sum::<u64>();
         batch.counters.late += late;
         batch.counters.bad_records += prepared.bad_lines.len() as u64;
+        let plugin_ns_before = self.stages.plugin_ns;
         let result = self.process(&mut batch, prepared).and_then(|()| {
             let started = self.clock.monotonic_ns();
             let committed = self.commit(&mut batch);
@@ -636,6 +709,11 @@ impl Pipeline {
             }
             return Err(e);
         }
+        self.note_pace(
+            batch.plan.batch_id,
+            self.stages.plugin_ns - plugin_ns_before,
+            batch.data_keys + batch.timeout_keys,
+        );
         Ok(BatchReport {
             batch_id: batch.plan.batch_id,
             records,
@@ -645,6 +723,23 @@ impl Pipeline {
             replayed,
             watermark_ms: batch.plan.watermark_ms,
         })
+    }
+
+    /// Warns when a committed batch's plugin time per call is far above that of the
+    /// recent batches (see `pace.rs`).
+    fn note_pace(&mut self, batch_id: u64, plugin_ns: u64, calls: u64) {
+        let Some(slow) = self.pace.record(plugin_ns, calls) else {
+            return;
+        };
+        eprintln!(
+            "groupstate: warning: batch {batch_id}: plugin {} took {} us per call, {}x the median of the last {} batches ({} us); a plugin that spends most of call_cpu_ms_max ({} ms) on every key slows the whole pipeline",
+            self.plugin_label,
+            slow.per_call_ns / 1000,
+            slow.per_call_ns / slow.median_ns.max(1),
+            slow.batches,
+            slow.median_ns / 1000,
+            self.config.limits.call_cpu_ms_max,
+        );
     }
 
     fn process(&mut self, batch: &mut Batch, prepared: Prepared) -> Result<(), Error> {
@@ -861,6 +956,11 @@ fn touch_payloads(events: &[Event]) {
         any ^= event.payload.as_bytes().first().copied().unwrap_or(0);
     }
     std::hint::black_box(any);
+}
+
+/// How a plugin is named in the log and the status: name, version and state schema.
+fn label_of(info: &PluginInfo) -> String {
+    format!("{} {} (state schema {})", info.name, info.version, info.state_schema_version)
 }
 
 fn counters_since(now: &Counters, start: &Counters) -> Counters {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use groupstate::config::{PipelineConfig, Stream};
-use groupstate::{Candidate, ManualClock, Pipeline};
+use groupstate::{Candidate, Clock, ManualClock, Pipeline, PluginStatus, SystemClock};
 use groupstate_tests::{cache_dir, plugins};
 
 /// A pipeline of the counter plugin over a file the test appends to.
@@ -21,6 +21,11 @@ struct Harness {
 
 impl Harness {
     fn new(plugin: &str) -> Self {
+        Self::with_clock(plugin, Arc::new(ManualClock::new(1_000)), |_| {})
+    }
+
+    /// A harness whose pipeline runs on `clock`, its configuration changed by `adjust`.
+    fn with_clock(plugin: &str, clock: Arc<dyn Clock>, adjust: impl FnOnce(&mut PipelineConfig)) -> Self {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("in.jsonl"), "").unwrap();
         let mut config = PipelineConfig::new(
@@ -33,7 +38,8 @@ impl Harness {
         config.batch_events_max = 40;
         config.durable_commits = false;
         config.cache_dir = Some(cache_dir());
-        let pipeline = Pipeline::open(config, Arc::new(ManualClock::new(1_000))).unwrap();
+        adjust(&mut config);
+        let pipeline = Pipeline::open(config, clock).unwrap();
         Self { dir, pipeline, sent: HashMap::new(), next_line: 0 }
     }
 
@@ -60,9 +66,35 @@ impl Harness {
     }
 
     fn offer(&self, plugin: &str) {
+        self.offer_with(plugin, &[]);
+    }
+
+    fn offer_with(&self, plugin: &str, params: &[(&str, &str)]) {
         let runtime = self.pipeline.runtime().unwrap();
-        let loaded = runtime.load(Path::new(plugin), &[]).unwrap();
+        let params: Vec<(String, String)> = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let loaded = runtime.load(Path::new(plugin), &params).unwrap();
         self.pipeline.swap_sender().send(Candidate { plugin: Box::new(loaded), origin: plugin.into() }).unwrap();
+    }
+
+    fn status(&self) -> PluginStatus {
+        self.pipeline.plugin_status().lock().unwrap().clone()
+    }
+
+    /// Polls batch boundaries (running any batch that has input) until no candidate is
+    /// queued or under its migration check: the check runs on a thread of its own.
+    fn settle(&mut self) {
+        for _ in 0..60_000 {
+            self.pipeline.next_batch().unwrap();
+            if self.status().checking.is_none() {
+                // A candidate still in the queue is taken at this boundary.
+                self.pipeline.next_batch().unwrap();
+                if self.status().checking.is_none() {
+                    return;
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        panic!("the migration check did not end within a minute");
     }
 
     fn outputs(&self) -> Vec<serde_json::Value> {
@@ -90,7 +122,10 @@ fn swap_v1_to_v2_migrates_state_and_switches_at_one_boundary_then_refuses_v3() {
     let swap_batch = 5;
 
     h.offer(plugins::COUNTER_V2);
-    h.feed(160, ""); // input keeps flowing while the swap waits for the boundary
+    // v2 must migrate the stored counts: it is checked off the processing path and
+    // swapped in at the first boundary after its check passed.
+    h.settle();
+    h.feed(160, "");
     assert_eq!(h.drain(), 4);
     let outputs = h.outputs();
     assert!(outputs[..v1_lines].iter().all(|v| v["v"] == 1), "v1 lines before the boundary");
@@ -107,6 +142,7 @@ fn swap_v1_to_v2_migrates_state_and_switches_at_one_boundary_then_refuses_v3() {
     h.offer(plugins::COUNTER_V3);
     h.feed(40, "");
     assert_eq!(h.drain(), 1);
+    h.settle();
     let status = h.pipeline.plugin_status().lock().unwrap().clone();
     assert!(status.running.contains("counter 2.0.0"), "{status:?}");
     let refusal = status.last_refusal.unwrap_or_default();
@@ -139,6 +175,7 @@ fn fifty_swaps_under_load_lose_nothing() {
         h.offer(if i % 2 == 0 { plugins::COUNTER_V2 } else { plugins::COUNTER_V1 });
         h.feed(60, "");
         assert_eq!(h.drain(), 2);
+        h.settle();
         assert_eq!(h.last_counts(), h.sent, "after swap {}", i + 1);
     }
     let status = h.pipeline.plugin_status().lock().unwrap().clone();
@@ -240,5 +277,98 @@ fn watcher_reloads_when_the_plugin_file_changes() {
     h.feed(10, "");
     h.drain();
     assert_eq!(h.outputs().last().unwrap()["version"], 2);
+    assert_eq!(h.last_counts(), h.sent);
+}
+
+/// Makes each migration of counter-v2 take tens of milliseconds (far under the CPU
+/// limit of a call).
+const MIGRATE_SPIN: &str = "150000000";
+
+/// What a hot swap to a counter-v2 whose migrations are slow cost the pipeline, while
+/// the test keeps feeding it and running batches.
+#[derive(Debug)]
+struct SwapTimes {
+    /// From the offer to the swap.
+    until_swap_ns: u64,
+    /// Batches that ran meanwhile, with the old version.
+    batches_meanwhile: u64,
+    /// The longest of those batches (boundary included).
+    longest_meanwhile_ns: u64,
+    /// The batch that swapped: v2 migrates the keys it touches on first touch.
+    swap_batch_ns: u64,
+}
+
+fn swap_with_a_slow_migration(h: &mut Harness, clock: &SystemClock) -> SwapTimes {
+    h.offer_with(plugins::COUNTER_V2, &[("migrate_spin", MIGRATE_SPIN)]);
+    let started = clock.monotonic_ns();
+    let (mut longest_meanwhile_ns, mut batches_meanwhile) = (0, 0);
+    loop {
+        assert!(clock.monotonic_ns() - started < 60_000_000_000, "no swap within a minute: {:?}", h.status());
+        h.feed(7, "");
+        let before = clock.monotonic_ns();
+        let ran = h.pipeline.next_batch().unwrap().is_some();
+        let took = clock.monotonic_ns() - before;
+        assert!(h.status().last_refusal.is_none(), "{:?}", h.status());
+        if h.status().running.contains("2.0.0") {
+            let until_swap_ns = clock.monotonic_ns() - started;
+            // The input thread may have read ahead before this feed: then the first
+            // batch of v2 is the next one.
+            let swap_batch_ns = if ran { took } else { time_next_batch(h, clock) };
+            return SwapTimes { until_swap_ns, batches_meanwhile, longest_meanwhile_ns, swap_batch_ns };
+        }
+        batches_meanwhile += u64::from(ran);
+        longest_meanwhile_ns = longest_meanwhile_ns.max(took);
+    }
+}
+
+/// How long the next batch that has input takes.
+fn time_next_batch(h: &mut Harness, clock: &SystemClock) -> u64 {
+    h.feed(7, "");
+    loop {
+        let before = clock.monotonic_ns();
+        if h.pipeline.next_batch().unwrap().is_some() {
+            return clock.monotonic_ns() - before;
+        }
+    }
+}
+
+#[test]
+fn a_slow_migration_is_checked_while_the_batches_go_on() {
+    let clock = SystemClock;
+    let mut h = Harness::with_clock(plugins::COUNTER_V1, Arc::new(clock), |_| {});
+    h.feed(200, "");
+    h.drain();
+    let times = swap_with_a_slow_migration(&mut h, &clock);
+    let ms = |ns: u64| ns / 1_000_000;
+    eprintln!(
+        "swap with a slow migration: {} ms until swapped, {} batches meanwhile, the longest {} ms; the swap batch {} ms",
+        ms(times.until_swap_ns),
+        times.batches_meanwhile,
+        ms(times.longest_meanwhile_ns),
+        ms(times.swap_batch_ns)
+    );
+    assert!(times.batches_meanwhile >= 3, "the batches stopped during the check: {times:?}");
+    assert!(times.longest_meanwhile_ns * 4 < times.until_swap_ns, "a batch waited for the check: {times:?}");
+    // The last batch read the next one ahead, perhaps before the last feed: the first
+    // drain may stop at that empty batch, the second reads on.
+    h.drain();
+    h.drain();
+    assert_eq!(h.last_counts(), h.sent);
+}
+
+#[test]
+fn a_migration_over_the_time_budget_is_refused() {
+    let clock = SystemClock;
+    let mut h = Harness::with_clock(plugins::COUNTER_V1, Arc::new(clock), |c| c.limits.migration_check_ms_max = 1);
+    h.feed(200, "");
+    h.drain();
+    h.offer_with(plugins::COUNTER_V2, &[("migrate_spin", MIGRATE_SPIN)]);
+    h.settle();
+    let status = h.status();
+    assert!(status.running.contains("counter 1.0.0"), "{status:?}");
+    let refusal = status.last_refusal.unwrap_or_default();
+    assert!(refusal.contains("over migration_check_ms_max (1 ms)"), "{refusal}");
+    h.feed(7, "");
+    h.drain();
     assert_eq!(h.last_counts(), h.sent);
 }

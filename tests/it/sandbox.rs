@@ -207,7 +207,7 @@ fn over_long_non_json_and_multi_line_outputs_are_refused() {
     let message = bad_result_message(call(&mut raw, "k", &[text("not json")]));
     assert!(message.contains("output 0 is not JSON"), "{message}");
     let message = bad_result_message(call(&mut raw, "k", &[text("{\"a\":1}\n{\"b\":2}")]));
-    assert!(message.contains("contains a newline"), "{message}");
+    assert!(message.contains("contains a line break"), "{message}");
 }
 
 #[test]
@@ -510,4 +510,269 @@ fn the_cli_refuses_bad_plugins_with_a_clear_error_and_no_panic() {
         let (ok, stderr) = groupstate(&args.iter().map(String::as_str).collect::<Vec<_>>());
         assert!(!ok && stderr.contains(expected), "{plugin}: expected {expected:?} in {stderr}");
     }
+}
+
+// What one instance may hold, and plugin-chosen text: components written in WebAssembly
+// text, since no compiler emits several memories or a hostile `info`.
+
+/// A plugin component in WebAssembly text. It has `memories` linear memories of
+/// `pages` 64 KiB pages each and `tables` tables of `table_elements` elements; its
+/// `info` name is `name` followed by `name_padding` bytes of `A` (memory 0 must hold
+/// them). `process` looks at the key: `g…` grows every memory by one MiB per character
+/// after the `g`; `l…` asks for stdout 100 times per character after the `l` and never
+/// drops the handles; anything else does nothing. It returns no outputs.
+struct WatPlugin {
+    memories: usize,
+    pages: u32,
+    tables: usize,
+    table_elements: u32,
+    name: &'static str,
+    name_padding: u32,
+}
+
+impl Default for WatPlugin {
+    fn default() -> Self {
+        Self { memories: 1, pages: 1, tables: 0, table_elements: 0, name: "wat", name_padding: 0 }
+    }
+}
+
+impl WatPlugin {
+    fn text(&self) -> String {
+        const NAME_AT: usize = 1024;
+        let name_bytes = self.name.len() + self.name_padding as usize;
+        let heap_at = (NAME_AT + name_bytes + 1024).next_multiple_of(8);
+        let escaped_name: String = self.name.bytes().map(|b| format!("\\{b:02x}")).collect();
+        let memories: String = (0..self.memories)
+            .map(|i| {
+                let export = if i == 0 { r#"(export "memory")"# } else { "" };
+                format!("(memory $mem{i} {export} {})\n", self.pages)
+            })
+            .collect();
+        let tables: String = (0..self.tables).map(|_| format!("(table {} funcref)\n", self.table_elements)).collect();
+        let grow: String =
+            (0..self.memories).map(|i| format!("(drop (memory.grow $mem{i} (local.get $n)))\n")).collect();
+        format!(
+            r#"(component $plugin
+  (import "groupstate:plugin/state@0.1.0" (instance $state (export "group-state" (type (sub resource)))))
+  (alias export $state "group-state" (type $group-state))
+  (import "wasi:io/streams@0.2.0" (instance $streams (export "output-stream" (type (sub resource)))))
+  (alias export $streams "output-stream" (type $output-stream))
+  (import "wasi:cli/stdout@0.2.0" (instance $stdout
+    (alias outer $plugin $output-stream (type $stream))
+    (export "output-stream" (type $stream-export (eq $stream)))
+    (export "get-stdout" (func (result (own $stream-export))))))
+  (core func $drop-state (canon resource.drop $group-state))
+  (core func $get-stdout (canon lower (func $stdout "get-stdout")))
+  (core instance $host (export "drop-state" (func $drop-state)) (export "get-stdout" (func $get-stdout)))
+  (core module $m
+    (import "host" "drop-state" (func $drop-state (param i32)))
+    (import "host" "get-stdout" (func $get-stdout (result i32)))
+    {memories}
+    {tables}
+    (global $heap (mut i32) (i32.const {heap_at}))
+    (data (i32.const 512) "0.1.0")
+    (data (i32.const {NAME_AT}) "{escaped_name}")
+    (func (export "realloc") (param i32 i32 i32 i32) (result i32)
+      (local $at i32)
+      (local.set $at (i32.and (i32.add (global.get $heap) (i32.sub (local.get 2) (i32.const 1)))
+                              (i32.sub (i32.const 0) (local.get 2))))
+      (global.set $heap (i32.add (local.get $at) (local.get 3)))
+      (local.get $at))
+    (func (export "info") (result i32)
+      (memory.fill $mem0 (i32.const {padding_at}) (i32.const 65) (i32.const {padding}))
+      (i32.store $mem0 (i32.const 256) (i32.const {NAME_AT}))
+      (i32.store $mem0 (i32.const 260) (i32.const {name_bytes}))
+      (i32.store $mem0 (i32.const 264) (i32.const 512))
+      (i32.store $mem0 (i32.const 268) (i32.const 5))
+      (i32.store $mem0 (i32.const 272) (i32.const 1))
+      (i32.const 256))
+    (func (export "init") (param i32 i32) (result i32)
+      (i32.store8 $mem0 (i32.const 288) (i32.const 0))
+      (i32.const 288))
+    (func (export "process") (param $key i32) (param $key-len i32) (param i32 i32) (param $state i32) (result i32)
+      (local $n i32)
+      (call $drop-state (local.get $state))
+      (local.set $n (i32.sub (local.get $key-len) (i32.const 1)))
+      (if (i32.eq (i32.load8_u $mem0 (local.get $key)) (i32.const 103))
+        (then
+          (local.set $n (i32.mul (local.get $n) (i32.const 16)))
+          {grow}))
+      (if (i32.eq (i32.load8_u $mem0 (local.get $key)) (i32.const 108))
+        (then
+          (local.set $n (i32.mul (local.get $n) (i32.const 100)))
+          (block $done
+            (loop $again
+              (br_if $done (i32.eqz (local.get $n)))
+              (drop (call $get-stdout))
+              (local.set $n (i32.sub (local.get $n) (i32.const 1)))
+              (br $again)))))
+      (i32.store8 $mem0 (i32.const 320) (i32.const 0))
+      (i32.store $mem0 (i32.const 324) (i32.const 0))
+      (i32.store $mem0 (i32.const 328) (i32.const 0))
+      (i32.const 320))
+    (func (export "migrate-state") (param i32 i32 i32) (result i32)
+      (i32.store8 $mem0 (i32.const 352) (i32.const 0))
+      (i32.store $mem0 (i32.const 356) (local.get 1))
+      (i32.store $mem0 (i32.const 360) (local.get 2))
+      (i32.const 352)))
+  (core instance $i (instantiate $m (with "host" (instance $host))))
+  (type $event' (record (field "event-time-ms" (option s64)) (field "payload" string)))
+  (export $event "event" (type $event'))
+  (type $plugin-info' (record (field "name" string) (field "version" string) (field "state-schema-version" u32)))
+  (export $plugin-info "plugin-info" (type $plugin-info'))
+  (func (export "info") (result $plugin-info)
+    (canon lift (core func $i "info") (memory (core memory $i "memory"))))
+  (func (export "init") (param "params" (list (tuple string string))) (result (result (error string)))
+    (canon lift (core func $i "init") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))
+  (func (export "process")
+    (param "key" string) (param "events" (list $event)) (param "state" (borrow $group-state))
+    (result (result (list string) (error string)))
+    (canon lift (core func $i "process") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))
+  (func (export "migrate-state") (param "from-version" u32) (param "value" (list u8))
+    (result (result (list u8) (error string)))
+    (canon lift (core func $i "migrate-state") (memory (core memory $i "memory")) (realloc (core func $i "realloc")))))
+"#,
+            padding_at = NAME_AT + self.name.len(),
+            padding = self.name_padding,
+        )
+    }
+
+    /// Writes the component to `dir/name.wat` and returns its path.
+    fn write(&self, dir: &Path, name: &str) -> PathBuf {
+        let path = dir.join(format!("{name}.wat"));
+        std::fs::write(&path, self.text()).expect("write the component");
+        path
+    }
+
+    fn load(&self, limits: &Limits) -> Result<Plugin, PluginError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        load(self.write(dir.path(), "plugin").to_str().expect("utf-8 path"), limits, &[])
+    }
+}
+
+#[test]
+fn many_memories_share_one_memory_limit() {
+    // 16 memories, each far under the 32 MiB limit on its own: every one may grow a
+    // little, but not all of them by 3 MiB (48 MiB together).
+    let mut plugin = WatPlugin { memories: 16, ..WatPlugin::default() }.load(&test_limits()).expect("load");
+    let under = call(&mut plugin, "gg", &[]);
+    assert!(under.is_ok(), "16 × 1 MiB fits: {}", describe(&under));
+    let message = trap_message(call(&mut plugin, "gggg", &[]));
+    assert!(message.contains("growing a linear memory from"), "{message}");
+    assert!(message.contains("over instance_memory_bytes_max = 33554432"), "{message}");
+    // The next call runs on a fresh instance, whose memories start small again.
+    assert!(call(&mut plugin, "gg", &[]).is_ok());
+}
+
+#[test]
+fn a_component_that_cannot_fit_is_refused_at_load() {
+    let refusal = |plugin: WatPlugin| match plugin.load(&test_limits()) {
+        Err(PluginError::Instantiate { message, .. }) => message,
+        Err(other) => panic!("expected an instantiate error, got {other:?}"),
+        Ok(_) => panic!("a component that cannot fit was loaded"),
+    };
+    // Four memories of 10 MiB at start, each under the limit, 40 MiB together.
+    let message = refusal(WatPlugin { memories: 4, pages: 160, ..WatPlugin::default() });
+    assert!(message.contains("creating a linear memory from 0 to 10485760 bytes"), "{message}");
+    assert!(message.contains("to 41943040 bytes, over instance_memory_bytes_max = 33554432"), "{message}");
+    // Five tables of a million elements: 8 bytes each, 40 MB together.
+    let message = refusal(WatPlugin { tables: 5, table_elements: 1_000_000, ..WatPlugin::default() });
+    assert!(message.contains("creating a table") && message.contains("instance_memory_bytes_max"), "{message}");
+    // More memories than any instance may have, however small.
+    let message = refusal(WatPlugin { memories: 17, ..WatPlugin::default() });
+    assert!(message.contains("memory count too high"), "{message}");
+    assert!(message.contains("at most 16 linear memories, 64 tables"), "{message}");
+}
+
+#[test]
+fn leaked_wasi_handles_are_stopped_at_the_resource_limit() {
+    let limits = Limits { instance_resources_max: 100, ..test_limits() };
+    let mut plugin = WatPlugin::default().load(&limits).expect("load");
+    assert!(call(&mut plugin, "l", &[]).is_ok(), "no handles");
+    // A thousand stdout handles, never dropped.
+    let message = trap_message(call(&mut plugin, &format!("l{}", "x".repeat(10)), &[]));
+    assert!(message.contains("instance_resources_max = 100"), "{message}");
+    assert!(call(&mut plugin, "l", &[]).is_ok(), "a fresh instance after the trap");
+}
+
+#[test]
+fn an_instance_without_room_for_the_state_handle_fails_the_call_not_the_host() {
+    let limits = Limits { instance_resources_max: 0, ..test_limits() };
+    let mut plugin = adversary(&limits);
+    for _ in 0..2 {
+        let message = trap_message(call(&mut plugin, "k", &[order("count")]));
+        assert!(message.contains("no room for the group-state handle (instance_resources_max = 0"), "{message}");
+    }
+}
+
+#[test]
+fn plugin_chosen_name_and_version_are_escaped_and_clipped_everywhere() {
+    // A name that would paint the terminal, forge a `groupstate: done:` line and fill
+    // the log with 16 MiB.
+    let hostile = WatPlugin {
+        pages: 300,
+        name: "evil\x1b[31m\r\ngroupstate: done: 999 batches (forged)\n",
+        name_padding: 16 << 20,
+        ..WatPlugin::default()
+    };
+    let info = hostile.load(&test_limits()).expect("load").info().clone();
+    let start: String = info.name.chars().take(200).collect();
+    assert!(info.name.len() < 200 && info.name.ends_with("… (16777266 bytes)"), "{start}");
+    assert!(info.name.starts_with("evil\\u{1b}[31m\\r\\ngroupstate: done:"), "{}", info.name);
+
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = hostile.write(dir.path(), "hostile");
+    append(&dir.path().join("in.jsonl"), &[r#"{"k":"a"}"#]);
+    let (dir_s, cache) = (dir.path().display().to_string(), cache_dir().display().to_string());
+    let args: Vec<String> =
+        run_args(plugin.to_str().unwrap(), &dir_s, &cache).into_iter().filter(|a| a != "--quiet").collect();
+    let (ok, stderr) = groupstate(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ok, "{}", &stderr[..2000.min(stderr.len())]);
+    assert!(stderr.contains("groupstate: plugin evil\\u{1b}[31m\\r\\ngroupstate: done:"), "{stderr}");
+    assert!(!stderr.contains(['\x1b', '\r']), "raw control characters reached the log");
+    assert_eq!(stderr.lines().filter(|l| l.starts_with("groupstate: done:")).count(), 1, "{stderr}");
+    assert!(stderr.len() < 16 << 10, "the log holds {} bytes", stderr.len());
+}
+
+#[test]
+fn outputs_are_one_line_for_every_json_lines_reader() {
+    let mut raw = load(plugins::RAW_OUTPUTS, &test_limits(), &[]).expect("load raw-outputs");
+    let text = |t: &str| json!({ "do": "text", "text": t });
+    // Valid JSON with carriage returns between its tokens: split on them, as Python's
+    // universal newlines and Node's readline do, the middle is a record of its own.
+    let message = bad_result_message(call(&mut raw, "k", &[text("[1,\r{\"forged\":1}\r]")]));
+    assert!(message.contains("output 0 contains a line break"), "{message}");
+    // Line separators inside strings are the plugin's data: kept, written escaped.
+    let outcome = call(&mut raw, "k", &[text("{\"s\":\"a\u{2028}b\u{2029}c\u{85}d\"}")]).expect("escaped, not refused");
+    assert_eq!(outcome.outputs, ["{\"s\":\"a\\u2028b\\u2029c\\u0085d\"}"]);
+    assert_eq!(outputs(Ok(outcome)), [json!({ "s": "a\u{2028}b\u{2029}c\u{85}d" })]);
+}
+
+/// Runs the adversary over `lines`, one batch each, and returns the host's log.
+fn log_of_one_event_batches(lines: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    append(&dir.path().join("in.jsonl"), lines);
+    let (dir_s, cache) = (dir.path().display().to_string(), cache_dir().display().to_string());
+    let mut args = run_args(plugins::ADVERSARY, &dir_s, &cache);
+    // A CPU limit far above the slow call, so that a busy machine cannot make it trap.
+    args.extend(["--batch-events", "1", "--call-cpu-ms-max", "10000"].map(str::to_owned));
+    let (ok, stderr) = groupstate(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ok, "{stderr}");
+    stderr
+}
+
+#[test]
+fn a_plugin_turning_slow_is_reported_and_a_steady_one_is_not() {
+    let steady = [r#"{"k":"a"}"#; 24];
+    assert!(!log_of_one_event_batches(&steady).contains("per call"), "a steady plugin must not warn");
+    // Batch 16 spins for a few hundred milliseconds (over the 100 ms floor of the
+    // warning): thousands of times the microseconds its calls take otherwise.
+    let mut turning = steady.to_vec();
+    turning[16] = r#"{"k":"a","do":"spin","n":2000000000}"#;
+    let stderr = log_of_one_event_batches(&turning);
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("per call")).collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(warnings[0].starts_with("groupstate: warning: batch 16: plugin adversary 0.1.0"), "{}", warnings[0]);
+    assert!(warnings[0].contains("the median of the last 16 batches"), "{}", warnings[0]);
+    eprintln!("{}", warnings[0]);
 }

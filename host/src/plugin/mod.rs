@@ -5,6 +5,7 @@
 
 mod cache;
 mod handle;
+mod limits;
 mod output;
 mod wasi;
 
@@ -13,12 +14,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use wasmtime::component::{Component, Linker, ResourceTable};
-use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder};
+use wasmtime::{Config, Engine, Store};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::config::{Limits, TimeoutKind};
 pub use cache::sha256_hex;
 pub use handle::{GroupStateHandle, StagedValue};
+use limits::InstanceLimiter;
 use output::{Activity, PluginLog};
 use wasi::VirtualEnv;
 
@@ -35,9 +37,36 @@ mod bindings {
     });
 }
 
+pub use bindings::Event;
 use bindings::groupstate::plugin::types::TimeoutKind as WitTimeoutKind;
-pub use bindings::{Event, PluginInfo};
 use bindings::{StateFunction, StateFunctionPre};
+
+/// The most of a plugin's name or version the host keeps (bytes, after escaping): they
+/// reach the host's log, the plugin status and the admin endpoint.
+pub const INFO_TEXT_BYTES_MAX: usize = 128;
+
+/// What a plugin says about itself (its `info`), made safe to print and to store at
+/// the plugin boundary: control characters in its name and version escaped, each at
+/// most [`INFO_TEXT_BYTES_MAX`] bytes (a clipped one ends with `… (N bytes)`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginInfo {
+    /// A short name, such as `sensor-alerts`.
+    pub name: String,
+    /// The plugin's own version, such as `1.2.0`.
+    pub version: String,
+    /// The version of the layout of the state values it writes.
+    pub state_schema_version: u32,
+}
+
+impl From<bindings::PluginInfo> for PluginInfo {
+    fn from(info: bindings::PluginInfo) -> Self {
+        Self {
+            name: output::printable_clipped(&info.name, INFO_TEXT_BYTES_MAX),
+            version: output::printable_clipped(&info.version, INFO_TEXT_BYTES_MAX),
+            state_schema_version: info.state_schema_version,
+        }
+    }
+}
 
 /// How often the epoch ticks; the CPU limit of a call is counted in these ticks.
 const EPOCH_TICK_MS: u64 = 5;
@@ -191,7 +220,7 @@ pub struct HostState {
     table: ResourceTable,
     wasi: WasiCtx,
     env: Arc<VirtualEnv>,
-    limits: StoreLimits,
+    limits: InstanceLimiter,
     log: PluginLog,
 }
 
@@ -305,7 +334,10 @@ impl Runtime {
             live: None,
             info: PluginInfo { name: String::new(), version: String::new(), state_schema_version: 0 },
         };
-        let live = plugin.instantiate().map_err(|message| PluginError::Init { path: path.to_owned(), message })?;
+        let live = plugin.instantiate().map_err(|e| match e {
+            StartError::Instantiate(message) => PluginError::Instantiate { path: path.to_owned(), message },
+            StartError::Init(message) => PluginError::Init { path: path.to_owned(), message },
+        })?;
         plugin.info = live.info.clone();
         plugin.live = Some(live);
         Ok(plugin)
@@ -425,6 +457,25 @@ pub struct Inspection {
     pub load_error: Option<String>,
 }
 
+/// Why a fresh instance could not be started.
+#[derive(Debug)]
+enum StartError {
+    /// Instantiating failed (a limit at instantiation, a trap in a start function),
+    /// or `info` trapped.
+    Instantiate(String),
+    /// `init` trapped or refused the parameters.
+    Init(String),
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Instantiate(message) => write!(f, "instantiate failed: {message}"),
+            Self::Init(message) => f.write_str(message),
+        }
+    }
+}
+
 /// A live instance: its store, bindings and virtual environment.
 struct Live {
     store: Store<HostState>,
@@ -485,10 +536,13 @@ fn trap_message(e: &wasmtime::Error, limits: &Limits, log: &PluginLog) -> String
         .replace('\n', " | ");
     let hint = if message.contains("fuel allocated for hostcalls has been exhausted") {
         format!(" (transfer_bytes_max = {})", limits.transfer_bytes_max)
-    } else if message.contains("forcing trap when growing memory") {
-        format!(" (instance_memory_bytes_max = {})", limits.instance_memory_bytes_max)
+    } else if message.contains("resource table has no free keys") || message.contains("store handle limit exceeded") {
+        format!(
+            " (instance_resources_max = {}: the plugin holds too many handles; drop the ones it no longer uses)",
+            limits.instance_resources_max
+        )
     } else {
-        String::new()
+        limits::count_limit_hint(&message).unwrap_or_default()
     };
     let stderr = log.stderr_tail().map(|tail| format!(" (its stderr ended with: {tail})")).unwrap_or_default();
     clip_message(&format!("{message}{hint}{stderr}{}", backtrace(e)))
@@ -535,27 +589,27 @@ impl Plugin {
         &self.path
     }
 
-    fn instantiate(&self) -> Result<Live, String> {
+    fn instantiate(&self) -> Result<Live, StartError> {
         let env = Arc::new(VirtualEnv::default());
         let file_name = self.path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
         let log = PluginLog::new(&file_name, self.limits.log_bytes_per_call_max);
-        let limits = StoreLimitsBuilder::new()
-            .memory_size(usize::try_from(self.limits.instance_memory_bytes_max).unwrap_or(usize::MAX))
-            .table_elements(1 << 20)
-            .instances(64)
-            .tables(64)
-            .memories(16)
-            .trap_on_grow_failure(true)
-            .build();
+        // WASI streams and pollables a plugin asks for, and the call's group-state
+        // handle, live in this table: a plugin that leaks them hits the limit and traps
+        // instead of growing the host.
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(self.limits.instance_resources_max);
         let state = HostState {
-            table: ResourceTable::new(),
+            table,
             wasi: wasi::build_ctx(&env, &log),
             env: env.clone(),
-            limits,
+            limits: InstanceLimiter::new(self.limits.instance_memory_bytes_max),
             log: log.clone(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
+        // The component model's own handle tables (the guest's view of those handles,
+        // and resources it makes itself) get the same bound.
+        store.set_max_component_handles(self.limits.instance_resources_max);
         // wasmtime's cap on what one lift copies out of the plugin (a call's result, a
         // host function's arguments), counting the host's per-item overhead: a list of
         // many (pointer, length) pairs aimed at one big string costs its full size.
@@ -568,17 +622,20 @@ impl Plugin {
     }
 
     /// Instantiates the component in `store` and calls `info` and `init`.
-    fn start(&self, mut store: Store<HostState>, env: Arc<VirtualEnv>, log: &PluginLog) -> Result<Live, String> {
-        let failed = |what: &str, e: &wasmtime::Error| format!("{what}: {}", trap_message(e, &self.limits, log));
+    fn start(&self, mut store: Store<HostState>, env: Arc<VirtualEnv>, log: &PluginLog) -> Result<Live, StartError> {
+        let trap = |e: &wasmtime::Error| trap_message(e, &self.limits, log);
         self.set_deadline(&mut store);
-        let bindings = self.pre.instantiate(&mut store).map_err(|e| failed("instantiate failed", &e))?;
+        let bindings = self.pre.instantiate(&mut store).map_err(|e| StartError::Instantiate(trap(&e)))?;
         self.set_deadline(&mut store);
-        let info = bindings.call_info(&mut store).map_err(|e| failed("info() trapped", &e))?;
+        let info = bindings
+            .call_info(&mut store)
+            .map_err(|e| StartError::Instantiate(format!("info() trapped: {}", trap(&e))))?
+            .into();
         self.set_deadline(&mut store);
         bindings
             .call_init(&mut store, &self.params)
-            .map_err(|e| failed("init() trapped", &e))?
-            .map_err(|message| clip_message(&message))?;
+            .map_err(|e| StartError::Init(format!("init() trapped: {}", trap(&e))))?
+            .map_err(|message| StartError::Init(clip_message(&message)))?;
         Ok(Live { store, bindings, env, info })
     }
 
@@ -600,14 +657,22 @@ impl Plugin {
         let live = self.live()?;
         live.env.prepare_call(req.processing_time_ms, req.batch_id, req.key);
         let handle = GroupStateHandle::new(req, kind, state_bytes_max);
-        let resource = live.store.data_mut().table.push(handle).map_err(|e| CallError::Trap(e.to_string()))?;
+        let Ok(resource) = live.store.data_mut().table.push(handle) else {
+            // The instance holds instance_resources_max handles already: it would fail
+            // every call from now on, so it goes like a trapped one.
+            self.live = None;
+            return Err(CallError::Trap(format!(
+                "no room for the group-state handle (instance_resources_max = {}: the plugin holds too many handles; drop the ones it no longer uses)",
+                self.limits.instance_resources_max
+            )));
+        };
         let borrowed = wasmtime::component::Resource::<GroupStateHandle>::new_borrow(resource.rep());
         set_deadline(&mut live.store, ticks);
         let result = live.bindings.call_process(&mut live.store, req.key, req.events, borrowed);
         let handle = live.store.data_mut().table.delete(resource);
         let log = live.store.data().log.clone();
         let outcome = match (result, handle) {
-            (Ok(Ok(outputs)), Ok(handle)) => check_outputs(&outputs, &self.limits).map(|()| {
+            (Ok(Ok(outputs)), Ok(handle)) => check_outputs(outputs, &self.limits).map(|outputs| {
                 let (value, timeout_ms) = handle.into_staged();
                 CallOutcome { value, timeout_ms, outputs }
             }),
@@ -629,7 +694,7 @@ impl Plugin {
     /// The live instance, made anew if the last call trapped.
     fn live(&mut self) -> Result<&mut Live, CallError> {
         if self.live.is_none() {
-            let live = self.instantiate().map_err(CallError::Reinstantiate)?;
+            let live = self.instantiate().map_err(|e| CallError::Reinstantiate(e.to_string()))?;
             if live.info != self.info {
                 return Err(CallError::Reinstantiate(clip_message(&format!(
                     "info() changed from {:?} to {:?}",
@@ -674,7 +739,13 @@ fn set_deadline(store: &mut Store<HostState>, ticks: Option<u64>) {
     }
 }
 
-fn check_outputs(outputs: &[String], limits: &Limits) -> Result<(), CallError> {
+/// Checks a call's outputs against the limits and the output format, and returns them
+/// as they are written: each exactly one line for any JSON Lines reader. A line feed or
+/// carriage return can only be whitespace between JSON tokens (JSON strings hold them
+/// escaped), so an output with one is refused; U+0085, U+2028 and U+2029, which some
+/// readers also split lines on, can only be inside strings, where they are replaced by
+/// their `\u` escapes: the same JSON value, on one line.
+fn check_outputs(mut outputs: Vec<String>, limits: &Limits) -> Result<Vec<String>, CallError> {
     if outputs.len() > limits.outputs_per_call_max {
         return Err(CallError::BadResult(format!(
             "returned {} outputs, over outputs_per_call_max ({}); emit fewer or raise the limit",
@@ -690,9 +761,9 @@ fn check_outputs(outputs: &[String], limits: &Limits) -> Result<(), CallError> {
                 limits.output_bytes_max
             )));
         }
-        if out.contains('\n') {
+        if out.contains(['\n', '\r']) {
             return Err(CallError::BadResult(format!(
-                "output {i} contains a newline; emit compact JSON, one value per output"
+                "output {i} contains a line break (a line feed or carriage return); emit compact JSON, one value per output"
             )));
         }
         if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(out) {
@@ -702,7 +773,30 @@ fn check_outputs(outputs: &[String], limits: &Limits) -> Result<(), CallError> {
             )));
         }
     }
-    Ok(())
+    for out in &mut outputs {
+        if out.contains(UNICODE_LINE_SEPARATORS) {
+            *out = escape_line_separators(out);
+        }
+    }
+    Ok(outputs)
+}
+
+/// Characters outside ASCII that some JSON Lines readers end a line at (Python's
+/// `str.splitlines`, JavaScript's line terminators).
+const UNICODE_LINE_SEPARATORS: [char; 3] = ['\u{85}', '\u{2028}', '\u{2029}'];
+
+/// `json` with each of [`UNICODE_LINE_SEPARATORS`] written as its JSON escape. Valid
+/// JSON holds them only inside strings, where the escape means the same character.
+fn escape_line_separators(json: &str) -> String {
+    let mut escaped = String::with_capacity(json.len() + 12);
+    for c in json.chars() {
+        if UNICODE_LINE_SEPARATORS.contains(&c) {
+            escaped.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            escaped.push(c);
+        }
+    }
+    escaped
 }
 
 impl From<TimeoutKind> for WitTimeoutKind {
@@ -727,6 +821,21 @@ mod tests {
         assert!(msg(b"garbage bytes").contains("not a WebAssembly file"));
         assert!(msg(b"\0asm\x01\0\0\0").contains("core WebAssembly module"));
         assert!(check_header(p, b"\0asm\x0d\0\x01\0").is_ok());
+    }
+
+    #[test]
+    fn outputs_stay_one_line_for_every_reader() {
+        let limits = Limits::default();
+        let check = |out: &str| check_outputs(vec![out.to_owned()], &limits);
+        assert_eq!(check("{\"a\":1}").unwrap(), ["{\"a\":1}"]);
+        // A carriage return between tokens would let a plugin forge a record for
+        // readers that split on it.
+        let forged = check("[1,\r{\"k\":\"forged\"}\r]").unwrap_err().to_string();
+        assert!(forged.contains("line break"), "{forged}");
+        let escaped = check("[\"a\u{2028}b\u{85}c\u{2029}\"]").unwrap();
+        assert_eq!(escaped, ["[\"a\\u2028b\\u0085c\\u2029\"]"]);
+        let value: serde_json::Value = serde_json::from_str(&escaped[0]).unwrap();
+        assert_eq!(value, serde_json::json!(["a\u{2028}b\u{85}c\u{2029}"]), "the same value");
     }
 
     #[test]

@@ -262,11 +262,45 @@ pub(super) fn clip_chars(text: &str, max: usize) -> String {
 /// returns, bidirectional overrides...) escaped, so that a plugin cannot forge or
 /// garble the host's log lines. Quotes, backslashes and tabs stay as they are.
 pub(super) fn escape_unprintable(text: &str) -> String {
-    let keep = |c: char| matches!(c, '"' | '\'' | '\\' | '\t') || c.escape_debug().len() == 1;
-    if text.chars().all(keep) {
+    if text.chars().all(printable) {
         return text.to_owned();
     }
-    text.chars().map(|c| if keep(c) { c.to_string() } else { c.escape_debug().to_string() }).collect()
+    let mut escaped = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        push_printable(&mut escaped, c);
+    }
+    escaped
+}
+
+/// `text` escaped as [`escape_unprintable`] does, and at most `max` bytes of the
+/// escaped text, cut before the character (or escape) that would not fit and marked
+/// when cut; for plugin-chosen text that the host prints and keeps (its name and
+/// version). The scan stops at the limit, so a 16 MiB name costs no more than a short one.
+pub(super) fn printable_clipped(text: &str, max: usize) -> String {
+    let mut kept = String::new();
+    for c in text.chars() {
+        let before = kept.len();
+        push_printable(&mut kept, c);
+        if kept.len() > max {
+            kept.truncate(before);
+            return format!("{kept}… ({} bytes)", text.len());
+        }
+    }
+    kept
+}
+
+/// Whether `c` is shown as it is in the host's log.
+fn printable(c: char) -> bool {
+    matches!(c, '"' | '\'' | '\\' | '\t') || c.escape_debug().len() == 1
+}
+
+/// Appends `c`, escaped unless it is [`printable`].
+fn push_printable(out: &mut String, c: char) {
+    if printable(c) {
+        out.push(c);
+    } else {
+        out.extend(c.escape_debug());
+    }
 }
 
 /// The plugin's stdout or stderr: a WASI output stream into its [`PluginLog`]. It
@@ -419,6 +453,16 @@ mod tests {
     fn unprintable_characters_are_escaped() {
         assert_eq!(escape_unprintable("a \"b\"\tc\\ é"), "a \"b\"\tc\\ é");
         assert_eq!(escape_unprintable("x\r\x1b[1m\u{202e}y"), "x\\r\\u{1b}[1m\\u{202e}y");
+    }
+
+    #[test]
+    fn plugin_chosen_text_is_escaped_then_clipped() {
+        assert_eq!(printable_clipped("counter", 16), "counter");
+        assert_eq!(printable_clipped("a\r\nb", 16), "a\\r\\nb");
+        // The escape that would cross the limit is left out whole.
+        assert_eq!(printable_clipped("abc\x1b[2J", 8), "abc… (7 bytes)");
+        let huge = "x".repeat(1 << 20);
+        assert_eq!(printable_clipped(&huge, 4), "xxxx… (1048576 bytes)");
     }
 
     #[test]

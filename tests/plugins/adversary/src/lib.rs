@@ -10,6 +10,7 @@
 //! | `count`       | nothing more                                                       |
 //! | `instance`    | emits `{"instance_calls": N}`, the calls made on this instance     |
 //! | `loop`        | spins forever                                                      |
+//! | `spin`        | spins `n` times, then goes on (a call that is slow, not stuck)     |
 //! | `alloc`       | allocates 1 MiB blocks forever                                     |
 //! | `recurse`     | recurses forever (the wasm stack overflows)                        |
 //! | `stack-data`  | recurses forever with a buffer per frame (the data stack that Rust |
@@ -112,6 +113,12 @@ impl Adversary {
             "count" => {}
             "instance" => outputs.push(json!({ "instance_calls": self.calls })),
             "loop" => spin(),
+            "spin" => {
+                let mut x = 0u64;
+                for _ in 0..n {
+                    x = black_box(x.wrapping_add(1));
+                }
+            }
             "alloc" => allocate_forever(),
             "recurse" => {
                 black_box(recurse(black_box(u64::MAX)));
