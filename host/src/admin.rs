@@ -209,9 +209,10 @@ impl Drop for AdminServer {
 }
 
 /// Starts the endpoint on its own thread.
-pub fn serve(listen: Listen, admin: Admin) -> Result<AdminServer, AdminError> {
+pub fn serve(listen: Listen, mut admin: Admin) -> Result<AdminServer, AdminError> {
     listen.check_token(admin.token.as_deref())?;
-    let token = admin.token.as_deref().map(TokenDigest::new);
+    // Only the digest is kept.
+    let token = admin.token.take().as_deref().map(TokenDigest::new);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(AdminError::Start)?;
     let (listener, bound, socket) = {
         // tokio's listeners register with the reactor of the runtime they are made in.

@@ -99,7 +99,7 @@ fn uploads(h: &Harness) -> usize {
 #[test]
 fn admin_endpoint_accepts_a_version_and_reports_the_running_one() {
     let mut h = Harness::new(plugins::COUNTER_V1);
-    let (_server, addr) = serve_tcp(&h, AdminLimits::default());
+    let (server, addr) = serve_tcp(&h, AdminLimits::default());
     let wasm = std::fs::read(plugins::COUNTER_V2).unwrap();
     let (status, body) = exchange(addr, &request("POST", Some(TOKEN), b"garbage"));
     assert_eq!(status, 422, "{body}");
@@ -123,6 +123,9 @@ fn admin_endpoint_accepts_a_version_and_reports_the_running_one() {
     assert_eq!(exchange(addr, &request("PUT", Some(TOKEN), b"")).0, 405);
     let (status, _) = exchange(addr, b"GET /other HTTP/1.1\r\nauthorization: Bearer s3cret-token\r\n\r\n");
     assert_eq!(status, 404);
+    // Dropping the handle stops the server: the port no longer answers.
+    drop(server);
+    assert!(TcpStream::connect(addr).is_err(), "the server outlived its handle");
 }
 
 #[test]
