@@ -22,7 +22,9 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Full};
@@ -31,7 +33,7 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::pipeline::{Candidate, PluginStatus, SwapSender};
@@ -66,6 +68,10 @@ pub struct AdminLimits {
     /// read when the request declares its length, and as soon as the count passes it
     /// otherwise. Nothing is written to disk before the whole body is in.
     pub body_bytes_max: u64,
+    /// Time an answer may wait on a client that does not read it; then the connection
+    /// is closed. Without it, a client that sends requests and never reads the answers
+    /// would hold its connection for good once the socket buffers are full.
+    pub write_stall_ms_max: u64,
 }
 
 impl Default for AdminLimits {
@@ -76,6 +82,7 @@ impl Default for AdminLimits {
             head_bytes_max: 16 << 10,
             body_read_ms_max: 60_000,
             body_bytes_max: 64 << 20,
+            write_stall_ms_max: 10_000,
         }
     }
 }
@@ -393,7 +400,64 @@ where
         .auto_date_header(false);
     // A connection that fails (timed out, reset, malformed) is its client's to retry.
     // It is not logged, so that no client can fill the host's log.
+    let stream = WriteStallLimit::new(stream, Duration::from_millis(limits.write_stall_ms_max));
     let _ = http.serve_connection(TokioIo::new(stream), service).await;
+}
+
+/// A stream whose writes fail with `TimedOut` once they have waited `limit` on a peer
+/// that reads nothing. hyper has timeouts for reading a request but none for writing
+/// an answer.
+struct WriteStallLimit<S> {
+    inner: S,
+    limit: Duration,
+    /// Armed when a write finds the peer's buffers full; disarmed by any progress.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> WriteStallLimit<S> {
+    fn new(inner: S, limit: Duration) -> Self {
+        Self { inner, limit, stalled: None }
+    }
+
+    /// Turns a `Pending` write into `TimedOut` once the stall has lasted `limit`.
+    fn stall<T>(&mut self, progress: Poll<std::io::Result<T>>, cx: &mut Context<'_>) -> Poll<std::io::Result<T>> {
+        if progress.is_ready() {
+            self.stalled = None;
+            return progress;
+        }
+        let limit = self.limit;
+        let stalled = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                let message = format!("the client read nothing for {} ms", limit.as_millis());
+                Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::TimedOut, message)))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for WriteStallLimit<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for WriteStallLimit<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let progress = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.stall(progress, cx)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let progress = Pin::new(&mut self.inner).poll_flush(cx);
+        self.stall(progress, cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let progress = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.stall(progress, cx)
+    }
 }
 
 type Reply = Response<Full<Bytes>>;

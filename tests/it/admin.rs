@@ -382,3 +382,22 @@ fn a_slow_head_a_slow_body_and_an_idle_keep_alive_connection_are_cut_off() {
     assert_eq!(read_response(&mut stream).0, 200);
     assert!(closed_by_server(&mut stream), "an idle keep-alive connection stayed open");
 }
+
+#[test]
+fn a_client_that_sends_requests_but_never_reads_the_answers_is_cut_off() {
+    let h = Harness::new(plugins::COUNTER_V1);
+    let limits = AdminLimits { write_stall_ms_max: 300, ..AdminLimits::default() };
+    let (_server, addr) = serve_tcp(&h, limits);
+    // Pipelined requests, no token (each answered with a 401), and no reading: once the
+    // socket buffers are full the server's writes wait on the client.
+    let mut stream = connect(addr);
+    let requests = b"GET /plugin HTTP/1.1\r\n\r\n".repeat(40_000);
+    let (done, ended) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // Until the server closes the connection (or 400 MB, which no buffer holds).
+        let written = (0..400).take_while(|_| stream.write_all(&requests).is_ok()).count();
+        let _ = done.send(written);
+    });
+    let written = ended.recv_timeout(Duration::from_secs(30)).expect("the connection was still open after 30 s");
+    assert!(written < 400, "the server read 400 MB of requests without closing the connection");
+}
