@@ -47,6 +47,10 @@ const UPLOADS_KEPT: usize = 8;
 /// How long a stopping server waits for an upload being compiled on a blocking thread;
 /// the connections themselves are dropped at once.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
+/// A Unix socket's path, in bytes, is below this (Linux's `sun_path` holds 108 with the
+/// final NUL); the staging path `bind_unix` binds is up to 10 bytes longer than the
+/// final one.
+const SOCKET_PATH_BYTES_MAX: usize = 108;
 /// The pause after a failed `accept` (out of file descriptors, say), so that the
 /// accept loop does not spin on an error that persists.
 const ACCEPT_RETRY: Duration = Duration::from_millis(50);
@@ -149,6 +153,11 @@ pub enum AdminError {
     /// The socket path holds something else.
     #[error("admin endpoint: {0} exists and is not a socket: remove it, or choose another path with --admin unix:PATH")]
     NotASocket(PathBuf),
+    /// The socket path is too long for a Unix socket.
+    #[error(
+        "admin endpoint: the socket path {0} is too long for a Unix socket (about 95 bytes at most): choose a shorter one with --admin unix:PATH"
+    )]
+    SocketPathTooLong(PathBuf),
     /// The socket path holds a socket that a running server answers on.
     #[error(
         "admin endpoint: {0} is in use by a running server: stop it, or choose another path with --admin unix:PATH"
@@ -328,8 +337,11 @@ fn bind_unix(path: &Path) -> Result<(std::os::unix::net::UnixListener, SocketFil
     let private = parent.join(format!(".admin-{}.tmp", std::process::id()));
     // A leftover of an earlier run that had the same process id.
     let _ = std::fs::remove_dir_all(&private);
-    std::fs::DirBuilder::new().mode(0o700).create(&private).map_err(bind_error)?;
     let staged = private.join("s");
+    if staged.as_os_str().len() >= SOCKET_PATH_BYTES_MAX {
+        return Err(AdminError::SocketPathTooLong(path.to_owned()));
+    }
+    std::fs::DirBuilder::new().mode(0o700).create(&private).map_err(bind_error)?;
     let placed = std::os::unix::net::UnixListener::bind(&staged).and_then(|listener| {
         std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
         std::fs::rename(&staged, path)?;
@@ -469,6 +481,9 @@ async fn respond(request: Request<Incoming>, shared: &Arc<Shared>) -> Reply {
         if !given.is_some_and(|g| token.matches(g)) {
             let mut reply = error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
             reply.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            // A client without the token gets one answer per connection: it cannot keep
+            // a connection (one of `connections_max`) open with requests it may not make.
+            reply.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
             return reply;
         }
     }

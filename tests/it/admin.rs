@@ -200,7 +200,11 @@ fn tcp_needs_a_non_empty_token_and_a_wrong_one_gets_401() {
         assert_eq!(status, 401, "{token}: {body}");
         assert_eq!(body["error"], "missing or wrong bearer token");
     }
-    assert_eq!(exchange(addr, &request("GET", None, b"")).0, 401);
+    // A client without the token gets one answer per connection.
+    let mut stream = connect(addr);
+    stream.write_all(&request("GET", None, b"")).unwrap();
+    assert_eq!(read_response(&mut stream).0, 401);
+    assert!(closed_by_server(&mut stream), "a connection stayed open after a 401");
     assert_eq!(exchange(addr, b"GET /plugin HTTP/1.1\r\nauthorization: Basic s3cret-token\r\n\r\n").0, 401);
     // A wrong token is refused before the body: nothing is stored.
     assert_eq!(exchange(addr, &request("POST", Some("s3cret-tokex"), b"garbage")).0, 401);
@@ -297,6 +301,11 @@ fn a_unix_socket_is_mode_0600_serves_without_a_token_and_goes_away_with_the_serv
     let server = serve(listen.clone(), admin(&h, None, AdminLimits::default())).unwrap();
     assert_eq!(unix_exchange(&request("GET", None, b"")).0, 200);
     drop(server);
+    // A path too long for a socket is refused with what to do.
+    let long = Listen::Unix(h.dir.path().join("x".repeat(100)).join("admin.sock"));
+    let err = serve(long, admin(&h, None, AdminLimits::default())).err().unwrap();
+    assert!(matches!(err, AdminError::SocketPathTooLong(_)), "{err}");
+    assert!(err.to_string().contains("--admin unix:PATH"), "{err}");
     // A file that is not a socket is left alone.
     std::fs::write(&path, "mine").unwrap();
     let err = serve(listen, admin(&h, None, AdminLimits::default())).err().unwrap();
