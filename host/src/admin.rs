@@ -410,9 +410,9 @@ where
         .max_header_size(limits.head_bytes_max)
         // The answers are JSON for a script or a person; a date header would say nothing.
         .auto_date_header(false);
+    let stream = WriteStallLimit::new(stream, Duration::from_millis(limits.write_stall_ms_max));
     // A connection that fails (timed out, reset, malformed) is its client's to retry.
     // It is not logged, so that no client can fill the host's log.
-    let stream = WriteStallLimit::new(stream, Duration::from_millis(limits.write_stall_ms_max));
     let _ = http.serve_connection(TokioIo::new(stream), service).await;
 }
 
