@@ -11,8 +11,26 @@ use std::time::Duration;
 use crate::pipeline::{Candidate, SwapSender};
 use crate::plugin::Runtime;
 
-/// Watches `path` every `interval_ms` until `stop` is set. `running_sha256` is the
-/// version already running, so the first look does not reload it.
+/// The file watcher's thread: stopped and joined when dropped (within one interval).
+#[derive(Debug)]
+pub struct Watcher {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            // A panic in the watcher has been reported by the panic hook already.
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Watches `path` every `interval_ms` until the returned [`Watcher`] is dropped.
+/// `running_sha256` is the version already running, so the first look does not reload
+/// it.
 pub fn watch(
     path: PathBuf,
     params: Vec<(String, String)>,
@@ -20,12 +38,13 @@ pub fn watch(
     sender: SwapSender,
     running_sha256: String,
     interval_ms: u64,
-    stop: Arc<AtomicBool>,
-) -> std::io::Result<JoinHandle<()>> {
-    std::thread::Builder::new().name("groupstate-watch".into()).spawn(move || {
+) -> std::io::Result<Watcher> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_seen = stop.clone();
+    let thread = std::thread::Builder::new().name("groupstate-watch".into()).spawn(move || {
         let mut seen = running_sha256;
         let mut seen_meta = None;
-        while !stop.load(Ordering::Relaxed) {
+        while !stop_seen.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(interval_ms));
             // Cheap first: only a changed size or mtime makes us read and hash the file.
             let meta = std::fs::metadata(&path).ok().map(|m| (m.len(), m.modified().ok()));
@@ -49,5 +68,6 @@ pub fn watch(
                 Err(e) => eprintln!("groupstate: new plugin version refused, the running one goes on: {e}"),
             }
         }
-    })
+    })?;
+    Ok(Watcher { stop, thread: Some(thread) })
 }

@@ -196,3 +196,50 @@ fn stdin_is_read_until_it_closes_even_across_pauses() {
     assert!(stderr.contains("20000 records"), "{stderr}");
     assert_same_alerts(&parse_alerts(&output), &oracle::sensor_alerts(&input));
 }
+
+#[test]
+fn a_closed_pipe_ends_the_output_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        "set -o pipefail; {bin} gen sensor --events 200000 --sensors 100 --output - | head -n 1 >/dev/null",
+        bin = groupstate_bin().display()
+    );
+    let out = Command::new("bash").arg("-c").arg(&script).current_dir(dir.path()).output().unwrap();
+    assert!(out.status.success(), "exit {:?}: {}", out.status.code(), String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    let refused = groupstate(&["gen", "sensor", "--sensors", "0", "--output", "-"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--sensors must be at least 1"));
+}
+
+#[test]
+fn many_late_records_bring_a_warning_that_names_the_watermark_delay() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let input = groupstate_tests::sensor_input(dir.path(), 20_000, 200, 3);
+    // Out of order: each block of 1000 lines reversed, so that most batches of 100
+    // fall behind the watermark of the batch before.
+    let text = std::fs::read_to_string(&input).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    for block in lines.chunks_mut(1000) {
+        block.reverse();
+    }
+    std::fs::write(p("shuffled.jsonl"), lines.join("\n") + "\n").unwrap();
+    let run = |input: &str, state: &str, extra: &[&str]| {
+        let mut args = sensor_run_args(input, &p(&format!("{state}.out")), &p(state));
+        args.retain(|a| a != "--quiet");
+        args.extend(["--no-fsync"].map(String::from));
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let out = Command::new(groupstate_bin()).args(&args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let warned = run(&p("shuffled.jsonl"), "late", &["--batch-events", "100"]);
+    assert!(warned.contains("warning:") && warned.contains("--watermark-delay-ms (now 0)"), "{warned}");
+    let quiet = run(&p("shuffled.jsonl"), "delayed", &["--batch-events", "100", "--watermark-delay-ms", "600000"]);
+    assert!(!quiet.contains("--watermark-delay-ms (now"), "{quiet}");
+    // The summary counts in words that agree with the numbers.
+    let one = run(&input.display().to_string(), "one", &["--batch-events", "100000"]);
+    assert!(one.contains(" batch, 20000 records") || one.contains(" batches, 20000 records"), "{one}");
+    assert!(!one.contains("1 batches") && !one.contains(" 1 calls"), "{one}");
+}

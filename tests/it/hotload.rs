@@ -1,9 +1,10 @@
 //! Hot load: swapping plugin versions under a running pipeline, at batch boundaries,
 //! with state migration, refusal of versions that cannot read the state, rollback of a
-//! version that fails its first batch, the admin endpoint and the file watcher.
+//! version that fails its first batch, and the file watcher (the admin endpoint is
+//! `admin.rs`'s).
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -12,15 +13,15 @@ use groupstate::{Candidate, Clock, ManualClock, Pipeline, PluginStatus, SystemCl
 use groupstate_tests::{cache_dir, plugins};
 
 /// A pipeline of the counter plugin over a file the test appends to.
-struct Harness {
-    dir: tempfile::TempDir,
-    pipeline: Pipeline,
-    sent: HashMap<String, u64>,
+pub(crate) struct Harness {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) pipeline: Pipeline,
+    pub(crate) sent: HashMap<String, u64>,
     next_line: u64,
 }
 
 impl Harness {
-    fn new(plugin: &str) -> Self {
+    pub(crate) fn new(plugin: &str) -> Self {
         Self::with_clock(plugin, Arc::new(ManualClock::new(1_000)), |_| {})
     }
 
@@ -44,7 +45,7 @@ impl Harness {
     }
 
     /// Appends `n` events over 7 keys, with `extra` JSON fields.
-    fn feed(&mut self, n: u64, extra: &str) {
+    pub(crate) fn feed(&mut self, n: u64, extra: &str) {
         let mut text = String::new();
         for _ in 0..n {
             let key = format!("k{}", (self.next_line * 5 + self.next_line / 3) % 7);
@@ -57,7 +58,7 @@ impl Harness {
     }
 
     /// Runs batches until the input is consumed; returns how many.
-    fn drain(&mut self) -> u64 {
+    pub(crate) fn drain(&mut self) -> u64 {
         let mut batches = 0;
         while self.pipeline.next_batch().unwrap().is_some() {
             batches += 1;
@@ -97,13 +98,13 @@ impl Harness {
         panic!("the migration check did not end within a minute");
     }
 
-    fn outputs(&self) -> Vec<serde_json::Value> {
+    pub(crate) fn outputs(&self) -> Vec<serde_json::Value> {
         let text = std::fs::read_to_string(self.dir.path().join("out.jsonl")).unwrap_or_default();
         text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
     }
 
     /// The last count each key reported (v1's `count` or v2's `total`).
-    fn last_counts(&self) -> HashMap<String, u64> {
+    pub(crate) fn last_counts(&self) -> HashMap<String, u64> {
         let mut last = HashMap::new();
         for v in self.outputs() {
             let n = v.get("count").or_else(|| v.get("total")).and_then(serde_json::Value::as_u64).unwrap();
@@ -183,80 +184,20 @@ fn fifty_swaps_under_load_lose_nothing() {
     assert_eq!(status.last_refusal, None);
 }
 
-/// The admin endpoint's view of the harness's pipeline.
-fn admin(h: &Harness, token: Option<&str>) -> groupstate::admin::Admin {
-    groupstate::admin::Admin {
-        runtime: h.pipeline.runtime().unwrap(),
-        params: Vec::new(),
-        upload_dir: h.dir.path().join("uploads"),
-        sender: h.pipeline.swap_sender(),
-        status: h.pipeline.plugin_status(),
-        token: token.map(str::to_owned),
-    }
-}
-
-fn http(addr: std::net::SocketAddr, request: &[u8]) -> (u16, serde_json::Value) {
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    stream.write_all(request).unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response.split(' ').nth(1).unwrap().parse().unwrap();
-    let body = response.split("\r\n\r\n").nth(1).unwrap();
-    (status, serde_json::from_str(body).unwrap())
-}
-
-#[test]
-fn admin_endpoint_accepts_a_version_and_reports_the_running_one() {
-    let mut h = Harness::new(plugins::COUNTER_V1);
-    let addr = groupstate::admin::serve("127.0.0.1:0".parse().unwrap(), admin(&h, Some("s3cret"))).unwrap();
-    let wasm = std::fs::read(plugins::COUNTER_V2).unwrap();
-    let post = |token: &str, body: &[u8]| {
-        let mut req =
-            format!("POST /plugin HTTP/1.1\r\nauthorization: Bearer {token}\r\ncontent-length: {}\r\n\r\n", body.len())
-                .into_bytes();
-        req.extend_from_slice(body);
-        http(addr, &req)
-    };
-    assert_eq!(post("wrong", &wasm).0, 401);
-    let (status, body) = post("s3cret", b"garbage");
-    assert_eq!(status, 422, "{body}");
-    assert!(body["error"].as_str().unwrap().contains("not a WebAssembly file"));
-    // Uploads do not pile up: only the newest 8 files are kept.
-    for i in 0..12 {
-        assert_eq!(post("s3cret", format!("garbage {i}").as_bytes()).0, 422);
-    }
-    assert_eq!(std::fs::read_dir(h.dir.path().join("uploads")).unwrap().count(), 8);
-    let (status, body) = post("s3cret", &wasm);
-    assert_eq!(status, 202, "{body}");
-    assert_eq!(body["queued"]["version"], "2.0.0");
-
-    h.feed(40, "");
-    h.drain();
-    let (status, body) = http(addr, b"GET /plugin HTTP/1.1\r\nauthorization: Bearer s3cret\r\n\r\n");
-    assert_eq!(status, 200);
-    assert!(body["running"].as_str().unwrap().contains("counter 2.0.0"), "{body}");
-    assert_eq!(body["swaps"][0]["batch"], 0);
-    // A non-loopback address without a token is refused.
-    let err = groupstate::admin::serve("0.0.0.0:0".parse().unwrap(), admin(&h, None)).unwrap_err().to_string();
-    assert!(err.contains("needs --admin-token"), "{err}");
-}
-
 #[test]
 fn watcher_reloads_when_the_plugin_file_changes() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("plugin.wasm");
     std::fs::copy(plugins::COUNTER_V1, &path).unwrap();
     let mut h = Harness::new(path.to_str().unwrap());
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let v1 = std::fs::read(&path).unwrap();
-    groupstate::reload::watch(
+    let watcher = groupstate::reload::watch(
         path.clone(),
         Vec::new(),
         h.pipeline.runtime().unwrap(),
         h.pipeline.swap_sender(),
         groupstate::plugin::sha256_hex(&v1),
         10,
-        stop.clone(),
     )
     .unwrap();
     h.feed(40, "");
@@ -272,7 +213,7 @@ fn watcher_reloads_when_the_plugin_file_changes() {
             break;
         }
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    drop(watcher);
     assert!(swapped, "the watcher did not swap in the new file");
     h.feed(10, "");
     h.drain();

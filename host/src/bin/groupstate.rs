@@ -160,11 +160,14 @@ struct RunArgs {
     /// version is validated off the processing path and swapped in at a batch boundary.
     #[arg(long)]
     watch: bool,
-    /// Serve the admin endpoint (GET/POST /plugin) on this address, e.g. 127.0.0.1:7070.
-    #[arg(long)]
-    admin: Option<std::net::SocketAddr>,
-    /// Bearer token the admin endpoint requires (needed on a non-loopback address);
-    /// also read from GROUPSTATE_ADMIN_TOKEN.
+    /// Serve the admin endpoint (GET/POST /plugin): `unix` (also what the bare flag
+    /// means) is the socket admin.sock in the state dir, mode 0600; `unix:PATH` a socket
+    /// elsewhere; IP:PORT (127.0.0.1:7070) a TCP address, which needs --admin-token.
+    #[arg(long, value_name = "unix|unix:PATH|IP:PORT", num_args = 0..=1, default_missing_value = "unix")]
+    admin: Option<String>,
+    /// Bearer token the admin endpoint requires on every request; needed on a TCP
+    /// address (loopback included), and must not be empty; also read from
+    /// GROUPSTATE_ADMIN_TOKEN.
     #[arg(long, env = "GROUPSTATE_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
     /// No progress lines.
@@ -367,6 +370,15 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
 
 fn run(args: RunArgs) -> Result<()> {
     let config = config_from(&args)?;
+    // A wrong --admin fails here, before the plugin is compiled and the store opened.
+    let admin_listen = match &args.admin {
+        Some(spec) => {
+            let listen = groupstate::admin::Listen::parse(spec, &config.state_dir)?;
+            listen.check_token(args.admin_token.as_deref())?;
+            Some(listen)
+        }
+        None => None,
+    };
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let started = clock.monotonic_ns();
     let mut pipeline = Pipeline::open(config.clone(), clock.clone())?;
@@ -374,7 +386,8 @@ fn run(args: RunArgs) -> Result<()> {
     if !args.quiet {
         eprintln!("groupstate: plugin {} ready in {opened_ms} ms", pipeline.plugin_label());
     }
-    start_hot_load(&args, &config, &pipeline)?;
+    // Kept until the run ends: dropping it stops the admin endpoint.
+    let _hot_load = start_hot_load(&args, admin_listen, &config, &pipeline)?;
     let mut last_report = clock.monotonic_ns();
     let mut records = 0u64;
     let mut late = 0u64;
@@ -450,37 +463,49 @@ fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
+/// The hot-load services of a run: each stops (and joins its thread) when dropped.
+struct HotLoad {
+    _watcher: Option<groupstate::reload::Watcher>,
+    _admin: Option<groupstate::admin::AdminServer>,
+}
+
 /// Starts the file watcher and the admin endpoint, as asked.
-fn start_hot_load(args: &RunArgs, config: &PipelineConfig, pipeline: &Pipeline) -> Result<()> {
-    if !args.watch && args.admin.is_none() {
-        return Ok(());
+fn start_hot_load(
+    args: &RunArgs,
+    admin_listen: Option<groupstate::admin::Listen>,
+    config: &PipelineConfig,
+    pipeline: &Pipeline,
+) -> Result<HotLoad> {
+    if !args.watch && admin_listen.is_none() {
+        return Ok(HotLoad { _watcher: None, _admin: None });
     }
     let runtime = pipeline.runtime().context("hot load needs a wasm plugin")?;
-    if args.watch {
+    let watcher = if args.watch {
         let bytes = std::fs::read(&config.plugin)?;
-        groupstate::reload::watch(
+        Some(groupstate::reload::watch(
             config.plugin.clone(),
             config.params.clone(),
             runtime.clone(),
             pipeline.swap_sender(),
             groupstate::plugin::sha256_hex(&bytes),
             config.trigger_interval_ms,
-            Arc::new(std::sync::atomic::AtomicBool::new(false)),
-        )?;
-    }
-    if let Some(addr) = args.admin {
-        let admin = groupstate::admin::Admin {
-            runtime,
-            params: config.params.clone(),
-            upload_dir: config.state_dir.join("plugins"),
-            sender: pipeline.swap_sender(),
-            status: pipeline.plugin_status(),
-            token: args.admin_token.clone(),
-        };
-        let bound = groupstate::admin::serve(addr, admin)?;
-        eprintln!("groupstate: admin endpoint on http://{bound}/plugin");
-    }
-    Ok(())
+        )?)
+    } else {
+        None
+    };
+    let Some(listen) = admin_listen else { return Ok(HotLoad { _watcher: watcher, _admin: None }) };
+    let admin = groupstate::admin::Admin {
+        runtime,
+        params: config.params.clone(),
+        upload_dir: config.state_dir.join("plugins"),
+        sender: pipeline.swap_sender(),
+        status: pipeline.plugin_status(),
+        token: args.admin_token.clone(),
+        limits: groupstate::admin::AdminLimits::default(),
+    };
+    let server = groupstate::admin::serve(listen, admin)?;
+    eprintln!("groupstate: admin endpoint on {} (GET/POST /plugin)", server.listen());
+    Ok(HotLoad { _watcher: watcher, _admin: Some(server) })
 }
 
 fn gen_sensor(spec: SensorSpec, output: &PathBuf) -> Result<()> {
