@@ -18,11 +18,17 @@ fn open(config: &PipelineConfig) -> Result<Pipeline, groupstate::pipeline::Error
     Pipeline::open(config.clone(), Arc::new(ManualClock::new(NOW_MS)))
 }
 
-/// The sensor pipeline in `dir` over `input`, in small batches, with budgets so large
-/// that nothing is folded into sled before the end of the run.
-fn logged_config(input: &Path, dir: &Path) -> PipelineConfig {
+/// The sensor pipeline in `dir` over `input`, in batches of 2000 records.
+fn small_batches(input: &Path, dir: &Path) -> PipelineConfig {
     let mut config = sensor_config(input, dir);
     config.batch_events_max = 2_000;
+    config
+}
+
+/// [`small_batches`], with budgets so large that nothing is folded into sled before
+/// the end of the run.
+fn logged_config(input: &Path, dir: &Path) -> PipelineConfig {
+    let mut config = small_batches(input, dir);
     config.limits.store_buffer_bytes = 256 << 20;
     config.limits.store_log_bytes = 256 << 20;
     config
@@ -93,9 +99,7 @@ fn a_damaged_sled_is_refused_never_taken_for_an_older_state() {
     let dir = tempfile::tempdir().unwrap();
     let input = sensor_input(dir.path(), 20_000, 2_000, 5);
     let done = dir.path().join("done");
-    let mut config = sensor_config(&input, &done);
-    config.batch_events_max = 2_000;
-    run(config, NOW_MS);
+    run(small_batches(&input, &done), NOW_MS);
     let output = std::fs::read(done.join("out.jsonl")).unwrap();
     let store = done.join("state/store");
     let files = sled_files(&store);
@@ -132,8 +136,7 @@ fn a_damaged_sled_is_refused_never_taken_for_an_older_state() {
         let copy = dir.path().join(format!("copy-{}", name.replace(' ', "-")));
         copy_dir(&done, &copy);
         damage(&copy.join("state/store").join(db.strip_prefix(&store).unwrap()));
-        let mut config = sensor_config(&input, &copy);
-        config.batch_events_max = 2_000;
+        let config = small_batches(&input, &copy);
         // sled itself reports none of these: it opens empty. The fold marker must.
         let err = open(&config).map(|_| ()).unwrap_err().to_string();
         assert!(err.contains("every commit up to") && err.contains("restore the state dir"), "{name}: {err}");
@@ -156,13 +159,10 @@ fn a_fold_that_fails_after_a_commit_keeps_the_batch_and_the_next_start_replays_i
     let dir = tempfile::tempdir().unwrap();
     let input = sensor_input(dir.path(), 20_000, 500, 9);
     let whole = dir.path().join("whole");
-    let mut config = sensor_config(&input, &whole);
-    config.batch_events_max = 2_000;
-    run(config, NOW_MS);
+    run(small_batches(&input, &whole), NOW_MS);
 
     let failed = dir.path().join("failed");
-    let mut config = sensor_config(&input, &failed);
-    config.batch_events_max = 2_000;
+    let mut config = small_batches(&input, &failed);
     // A fold is due after every commit.
     config.limits.store_buffer_bytes = 0;
     {
@@ -246,9 +246,8 @@ fn follow_goes_on_after_rename_and_copytruncate_rotation() {
     let lines: Vec<&str> = text.lines().collect();
     let part = |i: usize| &lines[i * 5_000..(i + 1) * 5_000];
     let input = dir.path().join("app.log");
-    let mut config = sensor_config(&input, dir.path());
+    let mut config = small_batches(&input, dir.path());
     config.follow = true;
-    config.batch_events_max = 2_000;
     append(&input, part(0));
     let mut pipeline = open(&config).unwrap();
     drain(&mut pipeline);
@@ -321,9 +320,7 @@ fn a_record_far_ahead_in_event_time_is_dead_lettered_and_does_not_move_the_water
     lines.insert(1_000, rogue.clone());
     let input = dir.path().join("rogue.jsonl");
     std::fs::write(&input, lines.join("\n") + "\n").unwrap();
-    let mut config = sensor_config(&input, dir.path());
-    config.batch_events_max = 2_000;
-    let summary = run(config, NOW_MS);
+    let summary = run(small_batches(&input, dir.path()), NOW_MS);
     assert_eq!(summary.total.late, 0, "the rogue record must not make later records late");
     assert_eq!(summary.total.bad_records, 1);
     let dead = std::fs::read_to_string(dir.path().join("state/dead-letter.jsonl")).unwrap();
