@@ -44,6 +44,13 @@ pub(crate) fn encode_into<T: Encode>(bytes: &mut Vec<u8>, value: &T) {
 }
 
 /// Decodes a `what` record, refusing trailing bytes.
+impl DecodeError {
+    /// A record that decoded but breaks a rule of its kind.
+    pub(crate) fn invalid(what: &'static str, why: &str) -> Self {
+        Self { what, source: bincode::error::DecodeError::OtherString(why.to_owned()) }
+    }
+}
+
 pub(crate) fn decode<T: Decode<()>>(what: &'static str, bytes: &[u8]) -> Result<T, DecodeError> {
     let config = CONFIG.with_limit::<RECORD_BYTES_MAX>();
     let (value, read) = bincode::decode_from_slice(bytes, config).map_err(|source| DecodeError { what, source })?;

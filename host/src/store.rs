@@ -5,38 +5,45 @@
 //!
 //! | prefix | key | value |
 //! | --- | --- | --- |
-//! | `s` | group key | [`KeyRecord`]: state value, timeout deadline, schema version |
-//! | `t` | deadline (order-preserving 8 bytes) ++ group key | empty: the deadline index |
+//! | `p` | the page's fence: the first key above its range (the last page's is the byte 0xFF, above every key) | a [`Page`]: the records ([`KeyRecord`]: state value, timeout deadline, schema version) of the keys from the previous page's fence up to its own |
+//! | `t` | earliest deadline of a page (order-preserving 8 bytes) ++ the page's fence | empty: the deadline index, one entry per page with a timer |
 //! | `m` | `checkpoint`, `folded`, `plan`, `pipeline` | [`Checkpoint`], sequence number of the last folded commit, [`BatchPlan`], [`PipelineIdentity`] |
 //!
-//! The commits since then are in the redo log (`redo.log` beside sled's files, see
-//! `redo.rs`) and, merged per key, in memory (the overlay). A batch commits with one
-//! append to the log (fsync'd when durable) and no sled write: sled's cost per write
-//! grows with the size of its tree, an append's does not, and a key updated in many
-//! batches is written to sled once per fold. A fold writes the overlay into sled in
-//! key order, in `apply_batch` chunks that each hold whole keys (record and index
-//! entries), the checkpoint and the folded sequence number with the last chunk; then
-//! it flushes sled and empties the log. It runs when the overlay or the log outgrows
-//! its budget, at the end of a run ([`Store::flush`]) and when the store opens, after
-//! replaying the log. Reads see the overlay first, then sled.
+//! Keys live in pages, not one sled item each, because sled's cost per operation grows
+//! with the items in its tree (see `page.rs`). The commits since the last fold are in
+//! the redo log (`redo.log` beside sled's files, see `redo.rs`) and, merged per key,
+//! in memory (the overlay, `overlay.rs`). A batch commits with one append to the log
+//! (fsync'd when durable) and no sled write; a key updated in many batches is written
+//! to sled once per fold. A fold writes the overlay into sled page by page, in key
+//! order, in `apply_batch` chunks that each hold whole pages with their index entries
+//! (a page that outgrows its limit is split, one left empty is removed), the
+//! checkpoint and the folded sequence number with the last chunk; then it flushes
+//! sled, replaces the fold marker and empties the log. It runs when the overlay or the
+//! log outgrows its budget ([`Store::fold_if_due`]), at the end of a run
+//! ([`Store::flush`]) and when the store opens, after replaying the log. Reads see the
+//! overlay first, then sled.
 //!
-//! Firing timeouts scans the `t` range below the threshold only, merged with the
-//! overlay's timers: O(expired keys + overlay entries below the threshold).
+//! Firing timeouts scans the deadline index below the threshold only: the pages whose
+//! earliest deadline has passed, merged with the overlay's timers. O(pages with an
+//! expired timer + overlay entries below the threshold).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, BinaryHeap};
 use std::iter::Peekable;
-use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
 use bincode::Decode;
 
 use crate::codec;
 use crate::fold_mark::{self, FoldMark};
+use crate::overlay::Overlay;
+use crate::page::{PAGE_BYTES_MAX, Page};
 pub use crate::records::{BatchPlan, Checkpoint, Counters, KeyChange, KeyRecord, PipelineIdentity};
 use crate::redo::{LogError, RedoLog};
 
-const PREFIX_STATE: u8 = b's';
+const PREFIX_PAGE: u8 = b'p';
 const PREFIX_TIMER: u8 = b't';
+/// One sled item per key: the layout before pages.
+const PREFIX_OLD_STATE: u8 = b's';
 const META_CHECKPOINT: &[u8] = b"mcheckpoint";
 const META_FOLDED: &[u8] = b"mfolded";
 /// The redo log's file name, in sled's directory (sled ignores files it did not make).
@@ -98,6 +105,14 @@ pub enum StoreError {
         /// The sequence number of a whole commit after it.
         commit: u64,
     },
+    /// The state dir was written with one sled item per key, before pages.
+    #[error(
+        "state dir {dir} was written by an older groupstate (one sled item per key); this version keeps keys in pages and cannot read it: run the pipeline again into a new --state-dir"
+    )]
+    OldLayout {
+        /// sled's directory.
+        dir: PathBuf,
+    },
     /// sled holds less than what was folded into it.
     #[error(
         "state store: {dir} holds {found}, but {expected} was folded into it and made durable: its files were damaged, truncated or replaced, so nothing was changed; restore the state dir from a backup, or move it aside and start a new one"
@@ -151,87 +166,13 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// Committed changes not yet folded into sled, merged per key.
-#[derive(Default)]
-struct Overlay {
-    records: HashMap<String, Dirty>,
-    /// Deadline index entries that sled lacks.
-    timers_added: BTreeSet<(i64, String)>,
-    /// Deadline index entries that sled has and that no longer hold.
-    timers_removed: BTreeSet<(i64, String)>,
-    /// About how much memory the above take.
-    bytes: u64,
-}
-
-struct Dirty {
-    /// The committed record (`None`: the key is deleted).
-    now: Option<KeyRecord>,
-    /// The deadline of the record sled holds for the key.
-    sled_timer: Option<i64>,
-}
-
-/// Keys written into sled by one `apply_batch` of a fold (a few in tests, so that
+/// Pages written into sled by one `apply_batch` of a fold (a few in tests, so that
 /// their folds take several chunks).
-const FOLD_CHUNK_KEYS: usize = if cfg!(test) { 3 } else { 10_000 };
+const FOLD_CHUNK_PAGES: usize = if cfg!(test) { 3 } else { 2_000 };
 
 /// Collection steps after each chunk of a fold (each frees up to 8 bags of 64 objects
 /// once their epoch has passed).
 const GARBAGE_COLLECTS_PER_CHUNK: usize = 5000;
-
-/// What the overlay is charged for an entry beyond its key and value bytes (map
-/// slots, string and vector headers): an estimate, not a measure.
-const OVERLAY_ENTRY_BYTES: u64 = 96;
-
-fn record_bytes(key: &str, record: Option<&KeyRecord>) -> u64 {
-    (key.len() + record.and_then(|r| r.value.as_ref()).map_or(0, Vec::len)) as u64 + OVERLAY_ENTRY_BYTES
-}
-
-impl Overlay {
-    /// Applies one committed change; `before_timer` is the deadline of the key's
-    /// committed record before it.
-    fn apply(&mut self, key: String, before_timer: Option<i64>, after: Option<KeyRecord>) {
-        let after_timer = after.as_ref().and_then(|r| r.timeout_ms);
-        if before_timer != after_timer {
-            // An entry leaves the index: it cancels an addition, or sled's entry is
-            // marked removed; and the other way round for an entry that joins it.
-            if let Some(deadline) = before_timer {
-                self.bytes =
-                    flip((deadline, key.clone()), &mut self.timers_added, &mut self.timers_removed, self.bytes);
-            }
-            if let Some(deadline) = after_timer {
-                self.bytes =
-                    flip((deadline, key.clone()), &mut self.timers_removed, &mut self.timers_added, self.bytes);
-            }
-        }
-        self.bytes += record_bytes(&key, after.as_ref());
-        match self.records.entry(key) {
-            std::collections::hash_map::Entry::Occupied(mut entry) => {
-                let old = std::mem::replace(&mut entry.get_mut().now, after);
-                self.bytes -= record_bytes(entry.key(), old.as_ref());
-            }
-            std::collections::hash_map::Entry::Vacant(entry) => {
-                entry.insert(Dirty { now: after, sled_timer: before_timer });
-            }
-        }
-    }
-}
-
-/// Takes `entry` out of `cancel` if it is there, else puts it into `record`; returns
-/// the overlay's new byte count.
-fn flip(
-    entry: (i64, String),
-    cancel: &mut BTreeSet<(i64, String)>,
-    record: &mut BTreeSet<(i64, String)>,
-    bytes: u64,
-) -> u64 {
-    let cost = record_bytes(&entry.1, None);
-    if cancel.remove(&entry) {
-        bytes - cost
-    } else {
-        record.insert(entry);
-        bytes + cost
-    }
-}
 
 /// sled reports a held lock as a custom `Other` error wrapping `WouldBlock`.
 fn is_lock_error(e: &std::io::Error) -> bool {
@@ -242,10 +183,16 @@ fn io(what: &'static str) -> impl FnOnce(sled::Error) -> StoreError {
     move |cause| StoreError::Io { what, cause }
 }
 
-fn state_key(key: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(1 + key.len());
-    k.push(PREFIX_STATE);
-    k.extend_from_slice(key.as_bytes());
+/// The fence of the last page: above every key (no UTF-8 string holds the byte 0xFF).
+const LAST_FENCE: &[u8] = &[0xFF];
+
+/// A page's sled key: the prefix and the page's fence, the first key above its range
+/// (the next page's first key when it was split off). A key's page is the first page
+/// whose fence is above it: one forward step in sled.
+fn page_key(fence: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + fence.len());
+    k.push(PREFIX_PAGE);
+    k.extend_from_slice(fence);
     k
 }
 
@@ -258,22 +205,22 @@ fn from_ordered_i64(b: [u8; 8]) -> i64 {
     (u64::from_be_bytes(b) ^ (1 << 63)) as i64
 }
 
-fn timer_key(deadline_ms: i64, key: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(9 + key.len());
+fn index_key(deadline_ms: i64, fence: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9 + fence.len());
     k.push(PREFIX_TIMER);
     k.extend_from_slice(&ordered_i64(deadline_ms));
-    k.extend_from_slice(key.as_bytes());
+    k.extend_from_slice(fence);
     k
 }
 
-fn parse_timer_key(raw: &[u8]) -> Result<(i64, String)> {
-    if raw.len() < 9 || raw[0] != PREFIX_TIMER {
-        return Err(StoreError::Corrupt(format!("timer index entry of {} bytes", raw.len())));
+/// A deadline-index entry: a page's earliest deadline and the page's fence.
+fn parse_index_key(raw: &[u8]) -> Result<(i64, Vec<u8>)> {
+    if raw.len() < 10 || raw[0] != PREFIX_TIMER {
+        return Err(StoreError::Corrupt(format!("deadline index entry of {} bytes", raw.len())));
     }
     let mut deadline = [0u8; 8];
     deadline.copy_from_slice(&raw[1..9]);
-    let key = std::str::from_utf8(&raw[9..]).map_err(|_| StoreError::Corrupt("timer index key is not UTF-8".into()))?;
-    Ok((from_ordered_i64(deadline), key.to_owned()))
+    Ok((from_ordered_i64(deadline), raw[9..].to_vec()))
 }
 
 impl Store {
@@ -302,12 +249,14 @@ impl Store {
             }
         };
         let tree = db.open_tree("groupstate").map_err(open_err)?;
+        if tree.scan_prefix([PREFIX_OLD_STATE]).next().is_some() {
+            return Err(StoreError::OldLayout { dir: dir.to_owned() });
+        }
         let folded: u64 = read_meta(&tree, "folded sequence number", META_FOLDED)?.unwrap_or(0);
         let checkpoint = read_meta(&tree, "checkpoint", META_CHECKPOINT)?;
         check_fold_mark(dir, folded, checkpoint.as_ref())?;
         let mut overlay = Overlay::default();
         let (mut seq, mut last_checkpoint) = (folded, checkpoint);
-        let read_sled = |key: &str| read_record(&tree, key);
         let log = RedoLog::open(&dir.join(REDO_LOG), |commit| {
             if commit.seq <= folded {
                 // Folded already: the run stopped between the fold and emptying the log.
@@ -320,11 +269,7 @@ impl Store {
                 )));
             }
             for (key, after) in commit.changes {
-                let before = match overlay.records.get(&key) {
-                    Some(dirty) => dirty.now.clone(),
-                    None => read_sled(&key)?,
-                };
-                overlay.apply(key, before.and_then(|r| r.timeout_ms), after);
+                overlay.apply(key, after);
             }
             seq = commit.seq;
             last_checkpoint = Some(commit.checkpoint);
@@ -379,42 +324,71 @@ impl Store {
 
     /// Loads a key's committed record.
     pub fn get(&self, key: &str) -> Result<Option<KeyRecord>> {
-        match self.overlay.records.get(key) {
-            Some(dirty) => Ok(dirty.now.clone()),
-            None => read_record(&self.tree, key),
+        if let Some(record) = self.overlay.get(key) {
+            return Ok(record.cloned());
         }
+        let Some(entry) = self.tree.range(pages_above(key)).next() else {
+            return Ok(None);
+        };
+        Ok(Page::lookup(&entry.map_err(io("read a page"))?.1, key)?)
+    }
+
+    /// The page whose range holds `key`, with its fence (`None` while the store has
+    /// no page).
+    fn page_of(&self, key: &str) -> Result<Option<(Vec<u8>, Page)>> {
+        let Some(entry) = self.tree.range(pages_above(key)).next() else {
+            return Ok(None);
+        };
+        let (raw, bytes) = entry.map_err(io("read a page"))?;
+        Ok(Some((raw[1..].to_vec(), Page::decode(&bytes)?)))
     }
 
     /// Up to `limit` timers with a deadline strictly below `threshold_ms`, in
     /// (deadline, key) order.
     pub fn expired_timers(&self, threshold_ms: i64, limit: usize) -> Result<Vec<(i64, String)>> {
-        self.timers(Some(threshold_ms)).take(limit).collect()
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        // The `limit` earliest of sled's (a max-heap), from the pages whose earliest
+        // deadline is below the threshold, in the order of those deadlines: once the
+        // heap is full and a page's earliest deadline is past the heap's latest, no
+        // later page has anything earlier.
+        let mut earliest: BinaryHeap<(i64, String)> = BinaryHeap::with_capacity(limit + 1);
+        let mut end = vec![PREFIX_TIMER];
+        end.extend_from_slice(&ordered_i64(threshold_ms));
+        for entry in self.tree.range(vec![PREFIX_TIMER]..end) {
+            let (page_min, fence) = parse_index_key(&entry.map_err(io("scan the deadline index"))?.0)?;
+            if earliest.len() == limit && earliest.peek().is_some_and(|latest| page_min > latest.0) {
+                break;
+            }
+            let page = self.read_page(&fence)?;
+            for (key, record) in page.entries() {
+                let Some(deadline) = record.timeout_ms.filter(|d| *d < threshold_ms) else { continue };
+                if self.overlay.holds(key) {
+                    continue;
+                }
+                earliest.push((deadline, key.clone()));
+                if earliest.len() > limit {
+                    earliest.pop();
+                }
+            }
+        }
+        let mut stored = earliest.into_sorted_vec();
+        stored.extend(self.overlay.timers_below(Some(threshold_ms)).take(limit).cloned());
+        stored.sort_unstable();
+        stored.truncate(limit);
+        Ok(stored)
     }
 
-    /// The deadline index below `threshold` (all of it for `None`), in (deadline, key)
-    /// order: sled's entries less those the overlay removed, merged with those it added.
-    fn timers(&self, threshold: Option<i64>) -> impl Iterator<Item = Result<(i64, String)>> + '_ {
-        let start = vec![PREFIX_TIMER];
-        let end = match threshold {
-            Some(t) => {
-                let mut end = vec![PREFIX_TIMER];
-                end.extend_from_slice(&ordered_i64(t));
-                end
-            }
-            None => vec![PREFIX_TIMER + 1],
-        };
-        let removed = &self.overlay.timers_removed;
-        let stored = self
-            .tree
-            .range(start..end)
-            .map(|entry| parse_timer_key(&entry.map_err(io("scan timers"))?.0))
-            .filter(move |entry| !matches!(entry, Ok(timer) if removed.contains(timer)));
-        let upper = match threshold {
-            Some(t) => Bound::Excluded((t, String::new())),
-            None => Bound::Unbounded,
-        };
-        let added = self.overlay.timers_added.range((Bound::Unbounded, upper)).map(|t| Ok(t.clone()));
-        MergeSorted { a: stored.peekable(), b: added.peekable(), le: |x, y| x <= y }
+    /// The page with this fence, which the deadline index names.
+    fn read_page(&self, fence: &[u8]) -> Result<Page> {
+        match self.tree.get(page_key(fence)).map_err(io("read a page"))? {
+            Some(bytes) => Ok(Page::decode(&bytes)?),
+            None => Err(StoreError::Corrupt(format!(
+                "the deadline index names a missing page {:?}",
+                String::from_utf8_lossy(fence)
+            ))),
+        }
     }
 
     /// Commits one batch atomically: every key change with its timer index entries,
@@ -435,7 +409,7 @@ impl Store {
         self.log.append(self.seq + 1, &changes, checkpoint, durable)?;
         self.seq += 1;
         for change in changes {
-            self.overlay.apply(change.key, change.before.and_then(|r| r.timeout_ms), change.after);
+            self.overlay.apply(change.key, change.after);
         }
         self.checkpoint = Some(checkpoint.clone());
         Ok(())
@@ -444,7 +418,7 @@ impl Store {
     /// Folds into sled when the buffered changes or the log outgrow their budget. A
     /// failure leaves every commit in the log: the next open replays it.
     pub fn fold_if_due(&mut self) -> Result<()> {
-        if self.overlay.bytes > self.buffer_bytes || self.log.len() > self.log_bytes {
+        if self.overlay.bytes() > self.buffer_bytes || self.log.len() > self.log_bytes {
             self.fold()?;
         }
         Ok(())
@@ -478,26 +452,39 @@ impl Store {
                 cause: std::io::Error::other("fold failed (injected by a test)"),
             });
         }
-        // In key order, in chunks: sled's cost and memory for one batch grow faster
-        // than its size. A crash between chunks is safe: the log is still whole,
-        // and replaying it over a partly folded sled takes each key's deadline from
-        // sled as it is (a key's record and its index entries are in one chunk).
-        let mut keys: Vec<&String> = self.overlay.records.keys().collect();
+        // Page by page in key order, in chunks: sled's cost and memory for one batch
+        // grow faster than its size. A crash between chunks is safe: the log is still
+        // whole, and replaying it sets each key's record whatever sled holds (a page
+        // and its index entries are in one chunk, and writing a key's committed record
+        // into its page again changes nothing).
+        let mut keys: Vec<&String> = self.overlay.keys().collect();
         keys.sort_unstable();
         let mut batch = sled::Batch::default();
-        for (i, chunk) in keys.chunks(FOLD_CHUNK_KEYS).enumerate() {
-            if i == chunks_max {
-                self.db.flush().map_err(io("flush sled"))?;
-                return Ok(());
+        let (mut pages, mut chunks) = (0, 0);
+        let mut i = 0;
+        while i < keys.len() {
+            let (fence, mut page) = self.page_of(keys[i])?.unwrap_or_else(|| (LAST_FENCE.to_vec(), Page::default()));
+            let old_min = page.min_deadline();
+            // The overlay's keys below the fence belong to this page.
+            while i < keys.len() && keys[i].as_bytes() < fence.as_slice() {
+                page.set(keys[i], self.overlay.get(keys[i]).flatten().cloned());
+                i += 1;
             }
-            for &key in chunk {
-                let dirty = &self.overlay.records[key];
-                add_change(&mut batch, key, dirty.sled_timer, dirty.now.as_ref());
-            }
-            if chunk.len() == FOLD_CHUNK_KEYS {
+            write_page(&mut batch, fence, page, old_min);
+            pages += 1;
+            if pages == FOLD_CHUNK_PAGES {
+                if chunks == chunks_max {
+                    self.db.flush().map_err(io("flush sled"))?;
+                    return Ok(());
+                }
                 self.tree.apply_batch(std::mem::take(&mut batch)).map_err(io("fold the redo log into sled"))?;
                 collect_garbage();
+                (pages, chunks) = (0, chunks + 1);
             }
+        }
+        if chunks == chunks_max && pages > 0 {
+            self.db.flush().map_err(io("flush sled"))?;
+            return Ok(());
         }
         if let Some(checkpoint) = &self.checkpoint {
             batch.insert(META_CHECKPOINT, codec::encode(checkpoint));
@@ -522,59 +509,120 @@ impl Store {
 
     /// All key records in key order (for `groupstate state` and tests).
     pub fn iter_keys(&self) -> impl Iterator<Item = Result<(String, KeyRecord)>> + '_ {
-        let overlay = &self.overlay.records;
+        let overlay = &self.overlay;
         let stored = self
             .tree
-            .scan_prefix([PREFIX_STATE])
-            .map(|entry| {
-                let (raw, bytes) = entry.map_err(io("scan state"))?;
-                let key = std::str::from_utf8(&raw[1..])
-                    .map_err(|_| StoreError::Corrupt("state key is not UTF-8".into()))?
-                    .to_owned();
-                let record = codec::decode("key record", &bytes)?;
-                Ok((key, record))
+            .scan_prefix([PREFIX_PAGE])
+            .flat_map(|entry| {
+                let page = entry.map_err(io("scan pages")).and_then(|(_, bytes)| Ok(Page::decode(&bytes)?));
+                match page {
+                    Ok(page) => page.entries().iter().cloned().map(Ok).collect::<Vec<_>>(),
+                    Err(e) => vec![Err(e)],
+                }
             })
-            .filter(move |entry| !matches!(entry, Ok((key, _)) if overlay.contains_key(key)));
-        let mut buffered: Vec<(String, KeyRecord)> =
-            overlay.iter().filter_map(|(k, d)| d.now.clone().map(|r| (k.clone(), r))).collect();
-        buffered.sort_by(|a, b| a.0.cmp(&b.0));
-        MergeSorted { a: stored.peekable(), b: buffered.into_iter().map(Ok).peekable(), le: |x, y| x.0 <= y.0 }
+            .filter(move |entry| !matches!(entry, Ok((key, _)) if overlay.holds(key)));
+        let buffered = overlay.sorted_records().into_iter().map(Ok);
+        MergeSorted { a: stored.peekable(), b: buffered.peekable(), le: |x, y| x.0 <= y.0 }
     }
 
-    /// All timers in (deadline, key) order.
+    /// All timers in (deadline, key) order. They are collected and sorted in memory: for
+    /// inspection and tests, not for the batch path.
     pub fn iter_timers(&self) -> impl Iterator<Item = Result<(i64, String)>> + '_ {
-        self.timers(None)
+        let timers: Result<Vec<(i64, String)>> = self
+            .iter_keys()
+            .filter_map(|entry| match entry {
+                Ok((key, record)) => record.timeout_ms.map(|d| Ok((d, key))),
+                Err(e) => Some(Err(e)),
+            })
+            .collect();
+        let timers = timers.map(|mut t| {
+            t.sort_unstable();
+            t
+        });
+        let (ok, err) = match timers {
+            Ok(t) => (t, None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
+        err.map(Err).into_iter().chain(ok.into_iter().map(Ok))
     }
 
-    /// Checks that the timer index and the key records agree (tests and `state check`).
+    /// Checks that the pages, the deadline index and the overlay agree (tests and
+    /// inspection): pages in order, each holding only keys of its range, none empty but
+    /// the first, and one index entry per page with a timer, at its earliest deadline.
     pub fn check_consistency(&self) -> Result<()> {
-        let mut timers = HashSet::new();
-        for entry in self.iter_timers() {
-            timers.insert(entry?);
-        }
-        let mut with_timeout = 0usize;
-        for entry in self.iter_keys() {
-            let (key, record) = entry?;
-            if record.is_empty() {
-                return Err(StoreError::Corrupt(format!("empty record for key {key:?}")));
+        let mut want_index = BTreeSet::new();
+        let mut lower: Vec<u8> = Vec::new();
+        let mut last_fence = None;
+        for entry in self.tree.scan_prefix([PREFIX_PAGE]) {
+            let (raw, bytes) = entry.map_err(io("scan pages"))?;
+            let fence = raw[1..].to_vec();
+            let page = Page::decode(&bytes)?;
+            let shown = String::from_utf8_lossy(&fence).into_owned();
+            if page.is_empty() && fence != LAST_FENCE {
+                return Err(StoreError::Corrupt(format!("page {shown:?} is empty")));
             }
-            if let Some(deadline) = record.timeout_ms {
-                with_timeout += 1;
-                if !timers.contains(&(deadline, key.clone())) {
+            for (key, _) in page.entries() {
+                if key.as_bytes() < lower.as_slice() || key.as_bytes() >= fence.as_slice() {
                     return Err(StoreError::Corrupt(format!(
-                        "key {key:?} has a timeout at {deadline} missing from the index"
+                        "key {key:?} is outside its page's range (fence {shown:?})"
                     )));
                 }
             }
+            if let Some(min) = page.min_deadline() {
+                want_index.insert((min, fence.clone()));
+            }
+            lower.clone_from(&fence);
+            last_fence = Some(fence);
         }
-        if timers.len() != with_timeout {
+        if last_fence.as_ref().is_some_and(|f| f != LAST_FENCE) {
+            return Err(StoreError::Corrupt("the last page's fence is not above every key".into()));
+        }
+        let mut index = BTreeSet::new();
+        for entry in self.tree.scan_prefix([PREFIX_TIMER]) {
+            index.insert(parse_index_key(&entry.map_err(io("scan the deadline index"))?.0)?);
+        }
+        if index != want_index {
+            let extra: Vec<_> = index.difference(&want_index).take(3).collect();
+            let missing: Vec<_> = want_index.difference(&index).take(3).collect();
             return Err(StoreError::Corrupt(format!(
-                "{} timer index entries for {with_timeout} keys with a timeout",
-                timers.len()
+                "the deadline index does not match the pages: extra {extra:?}, missing {missing:?}"
             )));
         }
-        Ok(())
+        self.overlay.check().map_err(StoreError::Corrupt)
     }
+}
+
+/// Adds a folded page to a sled batch, with its deadline-index entry moved from
+/// `old_min`: split when it outgrew [`PAGE_BYTES_MAX`], removed when it is empty
+/// (except the last page, which every key falls to).
+fn write_page(batch: &mut sled::Batch, fence: Vec<u8>, page: Page, old_min: Option<i64>) {
+    if let Some(min) = old_min {
+        batch.remove(index_key(min, &fence));
+    }
+    if page.is_empty() && fence != LAST_FENCE {
+        batch.remove(page_key(&fence));
+        return;
+    }
+    let encoded = page.encode();
+    let len = encoded.len();
+    if len <= PAGE_BYTES_MAX {
+        if let Some(min) = page.min_deadline() {
+            batch.insert(index_key(min, &fence), &[] as &[u8]);
+        }
+        batch.insert(page_key(&fence), encoded);
+        return;
+    }
+    for (piece_fence, piece) in page.split(fence, len) {
+        if let Some(min) = piece.min_deadline() {
+            batch.insert(index_key(min, &piece_fence), &[] as &[u8]);
+        }
+        batch.insert(page_key(&piece_fence), piece.encode());
+    }
+}
+
+/// The sled range of the pages whose fence is above `key`: the first is its page.
+fn pages_above(key: &str) -> (std::ops::Bound<Vec<u8>>, std::ops::Bound<Vec<u8>>) {
+    (std::ops::Bound::Excluded(page_key(key.as_bytes())), std::ops::Bound::Included(page_key(LAST_FENCE)))
 }
 
 /// Frees what sled's writes left for its epoch-based collector. sled defers freeing
@@ -622,17 +670,6 @@ fn read_meta<T: Decode<()>>(tree: &sled::Tree, name: &'static str, key: &[u8]) -
     }
 }
 
-fn read_record(tree: &sled::Tree, key: &str) -> Result<Option<KeyRecord>> {
-    let Some(bytes) = tree.get(state_key(key)).map_err(io("read state"))? else {
-        return Ok(None);
-    };
-    let record: KeyRecord = codec::decode("key record", &bytes)?;
-    if record.is_empty() {
-        return Err(StoreError::Corrupt(format!("empty record stored for key {key:?}")));
-    }
-    Ok(Some(record))
-}
-
 /// Two iterators sorted by `le`, merged into one sorted iterator (an error comes out
 /// as soon as it is met).
 struct MergeSorted<T, A: Iterator<Item = Result<T>>, B: Iterator<Item = Result<T>>> {
@@ -652,24 +689,6 @@ impl<T, A: Iterator<Item = Result<T>>, B: Iterator<Item = Result<T>>> Iterator f
             (Some(Ok(x)), Some(Ok(y))) => (self.le)(x, y),
         };
         if take_a { self.a.next() } else { self.b.next() }
-    }
-}
-
-/// Adds one key's change to a sled batch: its record, and its deadline index entry
-/// moved from `before_timer` (the deadline sled holds) to the record's.
-fn add_change(batch: &mut sled::Batch, key: &str, before_timer: Option<i64>, after: Option<&KeyRecord>) {
-    let after_timer = after.and_then(|r| r.timeout_ms);
-    if before_timer != after_timer {
-        if let Some(deadline) = before_timer {
-            batch.remove(timer_key(deadline, key));
-        }
-        if let Some(deadline) = after_timer {
-            batch.insert(timer_key(deadline, key), &[] as &[u8]);
-        }
-    }
-    match after {
-        Some(record) => batch.insert(state_key(key), codec::encode(record)),
-        None => batch.remove(state_key(key)),
     }
 }
 
