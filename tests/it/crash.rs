@@ -1,7 +1,9 @@
 //! Crash testing: `groupstate run` as a child process, killed with SIGKILL at random
 //! moments and restarted on the same state dir, must end with exactly the output of an
 //! uninterrupted run: no line missing, none doubled. Set GROUPSTATE_CRASH_SEED to replay
-//! a failure with the seed it printed.
+//! a failure with the seed it printed, and GROUPSTATE_CRASH_EVENTS and
+//! GROUPSTATE_CRASH_SENSORS for a larger workload (500 000 events from 5 000 sensors by
+//! default; the README gives the 1M-sensor command).
 
 use std::hash::{BuildHasher, Hasher};
 use std::path::Path;
@@ -27,6 +29,11 @@ fn run_args(input: &Path, dir: &Path) -> Vec<String> {
     args
 }
 
+/// A number from the environment, or `default`.
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name).map_or(default, |s| s.parse().unwrap_or_else(|_| panic!("{name} is a number")))
+}
+
 fn seed() -> u64 {
     match std::env::var("GROUPSTATE_CRASH_SEED") {
         Ok(s) => s.parse().expect("GROUPSTATE_CRASH_SEED is a number"),
@@ -40,7 +47,9 @@ fn kill_9_at_random_moments_loses_and_doubles_nothing() {
     println!("crash test seed {seed} (GROUPSTATE_CRASH_SEED={seed} replays it)");
     let mut rng = Rng::new(seed);
     let dir = tempfile::tempdir().unwrap();
-    let input = sensor_input(dir.path(), 500_000, 5_000, seed % 1000);
+    let (events, sensors) =
+        (env_number("GROUPSTATE_CRASH_EVENTS", 500_000), env_number("GROUPSTATE_CRASH_SENSORS", 5_000));
+    let input = sensor_input(dir.path(), events, sensors as u32, seed % 1000);
     let clock = groupstate::SystemClock;
 
     // The uninterrupted reference run, timed to scale the kill delays.
