@@ -596,17 +596,23 @@ impl Store {
 /// `old_min`: split when it outgrew [`PAGE_BYTES_MAX`], removed when it is empty
 /// (except the last page, which every key falls to).
 fn write_page(batch: &mut sled::Batch, fence: Vec<u8>, page: Page, old_min: Option<i64>) {
-    if let Some(min) = old_min {
+    let encoded = (!page.is_empty() || fence == LAST_FENCE).then(|| page.encode());
+    let whole = encoded.as_ref().is_some_and(|e| e.len() <= PAGE_BYTES_MAX);
+    let new_min = page.min_deadline();
+    // A page that keeps its fence and its earliest deadline keeps its index entry: most
+    // folds move a later deadline of a page, not its earliest (two sled writes saved).
+    if !(whole && new_min == old_min)
+        && let Some(min) = old_min
+    {
         batch.remove(index_key(min, &fence));
     }
-    if page.is_empty() && fence != LAST_FENCE {
+    let Some(encoded) = encoded else {
         batch.remove(page_key(&fence));
         return;
-    }
-    let encoded = page.encode();
+    };
     let len = encoded.len();
-    if len <= PAGE_BYTES_MAX {
-        if let Some(min) = page.min_deadline() {
+    if whole {
+        if let Some(min) = new_min.filter(|_| new_min != old_min) {
             batch.insert(index_key(min, &fence), &[] as &[u8]);
         }
         batch.insert(page_key(&fence), encoded);
