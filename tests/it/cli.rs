@@ -243,3 +243,17 @@ fn many_late_records_bring_a_warning_that_names_the_watermark_delay() {
     assert!(one.contains(" batch, 20000 records") || one.contains(" batches, 20000 records"), "{one}");
     assert!(!one.contains("1 batches") && !one.contains(" 1 calls"), "{one}");
 }
+
+#[test]
+fn plugin_inspection_lists_interfaces_not_the_resource_types_they_share() {
+    let out = groupstate(&["plugin", plugins::SENSOR_ALERTS]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let imports: Vec<&str> = report["imports"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert!(imports.iter().any(|i| i.starts_with("groupstate:plugin/state@")), "{imports:?}");
+    assert!(imports.iter().all(|i| i.contains(':')), "a bare type among the imports: {imports:?}");
+    let exports: Vec<&str> = report["exports"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert!(exports.contains(&"process"), "{exports:?}");
+    assert_eq!(report["info"]["name"], "sensor-alerts");
+    assert_eq!(report["forbidden_imports"], serde_json::json!([]));
+}

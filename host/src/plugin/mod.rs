@@ -350,8 +350,14 @@ impl Runtime {
         check_header(path, &bytes)?;
         let component = self.compile(path, &bytes)?;
         let ty = component.component_type();
-        let imports: Vec<String> = ty.imports(&self.engine).map(|(n, _)| n.to_owned()).collect();
-        let exports: Vec<String> = ty.exports(&self.engine).map(|(n, _)| n.to_owned()).collect();
+        // Interfaces and functions: a resource or type a world `use`s at its top level
+        // (`group-state`) is not something the component imports from the host.
+        let named = |(name, item): (&str, wasmtime::component::types::ComponentExtern<'_>)| {
+            use wasmtime::component::types::ComponentItem;
+            (!matches!(item.ty, ComponentItem::Resource(_) | ComponentItem::Type(_))).then(|| name.to_owned())
+        };
+        let imports: Vec<String> = ty.imports(&self.engine).filter_map(named).collect();
+        let exports: Vec<String> = ty.exports(&self.engine).filter_map(named).collect();
         let forbidden_imports = imports.iter().filter(|n| !import_allowed(n)).cloned().collect();
         let load = self.load(path, &[]);
         Ok(Inspection {
