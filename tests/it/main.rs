@@ -3,6 +3,7 @@
 // Test code: a failed unwrap is a failed test, with its message.
 #![allow(clippy::unwrap_used)]
 
+mod authoring;
 mod cli;
 mod crash;
 mod hotload;
