@@ -197,7 +197,7 @@ pub enum ScaffoldError {
     },
     /// The SDK's path cannot be written into the project's files as it is.
     #[error(
-        "SDK path {0} holds a character that cannot go into Cargo.toml, package.json or a shell script (a quote, \
+        "the SDK path {0} holds a character that cannot go into Cargo.toml, package.json or a shell script (a quote, \
          backslash, `$`, backquote or newline), or is not UTF-8: use a checkout at a plainer path"
     )]
     SdkPath(PathBuf),

@@ -284,3 +284,46 @@ print("ok")
     assert_success(&output, "the Python codec round trip");
     assert_eq!(text(&output.stdout).trim(), "ok");
 }
+
+/// Each project's `build.sh`, on a machine without the language's toolchain (`PATH`
+/// holds only bash and a few core utilities), fails at once and says what to install.
+#[test]
+fn authoring_build_says_what_is_missing() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).expect("mkdir");
+    for tool in ["bash", "dirname", "basename", "cat", "mkdir", "rm", "cp", "mv", "awk", "grep", "diff"] {
+        let found = ["/usr/bin", "/bin"].iter().map(|d| Path::new(d).join(tool)).find(|p| p.exists());
+        let found = found.unwrap_or_else(|| panic!("{tool} is not in /usr/bin or /bin"));
+        symlink(found, bin.join(tool)).expect("symlink");
+    }
+    let cases = [
+        ("rust", "cargo not found; install Rust with rustup"),
+        ("python", "python3 not found; install Python 3.10 or later"),
+        ("js", "node or npm not found; install Node.js 20 or later"),
+        ("c", "wit-bindgen not found; install it with: cargo install wit-bindgen-cli@0.61.1"),
+    ];
+    for (language, message) in cases {
+        let project = dir.path().join(language);
+        let output = Command::new(groupstate_bin())
+            .args(["new", "demo", "--lang", language, "--dir"])
+            .arg(&project)
+            .env_remove("GROUPSTATE_SDK")
+            .output()
+            .expect("groupstate new");
+        assert_success(&output, &format!("groupstate new --lang {language}"));
+        let output = Command::new(bin.join("bash"))
+            .arg("build.sh")
+            .current_dir(&project)
+            .env_clear()
+            .env("PATH", &bin)
+            .env("HOME", dir.path())
+            .output()
+            .expect("run build.sh");
+        let stderr = text(&output.stderr);
+        assert!(!output.status.success(), "{language}: build.sh succeeded without its toolchain");
+        assert!(stderr.contains(&format!("error: {message}")), "{language}: {stderr}");
+        assert!(!project.join("demo.wasm").exists(), "{language}: a component appeared");
+    }
+}
