@@ -20,8 +20,12 @@ if [ "$version" != "$pinned" ]; then
 fi
 work="$out.d"
 rm -rf "$work" && mkdir -p "$work"
+# The SDK's package is built with flit_core: installed here (tests/setup.sh does), it is
+# used as it is and the build needs no network; otherwise pip fetches it from PyPI.
+isolation=()
+python3 -c 'import flit_core' 2>/dev/null && isolation=(--no-build-isolation)
 python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
-  --root-user-action=ignore --target "$work/sdk" "$sdk"
+  --root-user-action=ignore ${isolation[@]+"${isolation[@]}"} --target "$work/sdk" "$sdk"
 wit=$(PYTHONPATH="$work/sdk" python3 -m groupstate_sdk wit-path)
 # --stub-wasi: every WASI import becomes a trapping stub, so the component imports only
 # the groupstate interfaces (the plugin uses no files, clocks, random or stdio).

@@ -77,7 +77,8 @@ fn assert_success(output: &Output, what: &str) {
 
 /// `groupstate new demo --lang L`, `./build.sh`, `groupstate test demo.wasm tests/`
 /// in a fresh temporary folder; then a scenario with a wrong expectation must fail with
-/// a diff. Prints how long the first three took (`--nocapture` shows it).
+/// a diff, and the commands of the project's README must work. Prints how long the
+/// first three took (`--nocapture` shows it).
 fn new_build_test(language: &str) {
     let dir = tempfile::tempdir().expect("temp dir");
     assert!(!dir.path().starts_with(checkout()), "the project must be outside the repository");
@@ -112,6 +113,15 @@ fn new_build_test(language: &str) {
     assert!(stdout.contains(r#"- {"count":4,"key":"a"}"#), "{language}: {stdout}");
     assert!(stdout.contains(r#"+ {"count":3,"key":"a"}"#), "{language}: {stdout}");
     assert!(stdout.contains("scenarios: 0 passed, 1 failed"), "{language}: {stdout}");
+
+    // The commands in the project's README work as written.
+    let readme = std::fs::read_to_string(project.join("README.md")).expect("README.md");
+    let blocks = sh_blocks(&readme);
+    assert!(!blocks.is_empty(), "{language}: the project README has no sh block");
+    let script = format!("set -euo pipefail\nexport XDG_CACHE_HOME=\"$PWD/../cache\"\n{}", blocks.concat());
+    assert_success(&bash(&project, &script), &format!("{language}: the project README's commands"));
+    let out = std::fs::read_to_string(project.join("out.jsonl")).expect("out.jsonl");
+    assert_eq!(out, "{\"key\":\"a\",\"count\":3}\n", "{language}: the README's run");
 }
 
 #[test]

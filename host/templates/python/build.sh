@@ -22,8 +22,12 @@ if [ "$version" != "$pinned" ]; then
   echo "warning: componentize-py $version is installed; groupstate is tested with $pinned" >&2
 fi
 rm -rf "$here/.build/sdk"
+# The SDK's package is built with flit_core: installed here (pip install flit_core), it
+# is used as it is and the build needs no network; otherwise pip fetches it from PyPI.
+isolation=()
+python3 -c 'import flit_core' 2>/dev/null && isolation=(--no-build-isolation)
 python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
-  --root-user-action=ignore --target "$here/.build/sdk" "$sdk"
+  --root-user-action=ignore ${isolation[@]+"${isolation[@]}"} --target "$here/.build/sdk" "$sdk"
 wit=$(PYTHONPATH="$here/.build/sdk" python3 -m groupstate_sdk wit-path)
 mkdir -p "$(dirname "$out")"
 # --stub-wasi: every WASI import becomes a trapping stub, so the component imports only
