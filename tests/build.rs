@@ -6,20 +6,23 @@
 //!   wasm32-wasip2), as `plugins::SENSOR_ALERTS` and so on;
 //! - the plugins in other languages (`plugins/*/build.sh`, see [`OTHER_LANGUAGES`]),
 //!   into `target/guest/other/`, as `plugins::SENSOR_ALERTS_PY` and so on. Each is
-//!   rebuilt only when its folder or `wit/` changed (a fingerprint of their files is
+//!   rebuilt only when its folder or its SDK (`guest-sdk/<language>/`, which carries
+//!   its own copy of the WIT) changed (a fingerprint of their files is
 //!   kept beside the component), as they take 10–30 s each.
 
 use std::hash::{DefaultHasher, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-/// Plugins in other languages: (folder under `plugins/`, component file name, what to
-/// install when the toolchain is missing). Each folder has a `build.sh OUT.wasm`.
-const OTHER_LANGUAGES: &[(&str, &str, &str)] = &[
-    ("sensor-alerts-py", "sensor_alerts_py", "pip install componentize-py==0.25.1"),
-    ("sensor-alerts-js", "sensor_alerts_js", "Node.js 20+, then npm ci --prefix plugins/sensor-alerts-js"),
+/// Plugins in other languages: (folder under `plugins/`, the SDK it uses under
+/// `guest-sdk/`, component file name, what to install when the toolchain is missing).
+/// Each folder has a `build.sh OUT.wasm`, which installs the SDK as a user's plugin does.
+const OTHER_LANGUAGES: &[(&str, &str, &str, &str)] = &[
+    ("sensor-alerts-py", "python", "sensor_alerts_py", "pip install componentize-py==0.25.1"),
+    ("sensor-alerts-js", "js", "sensor_alerts_js", "Node.js 20+ and npm (build.sh runs npm ci)"),
     (
         "sensor-alerts-c",
+        "c",
         "sensor_alerts_c",
         "apt-get install -y clang-14 lld-14 wasi-libc libclang-rt-14-dev-wasm32 and \
          cargo install wit-bindgen-cli@0.61.1 --locked --no-default-features --features c",
@@ -119,12 +122,12 @@ struct OtherBuild {
 fn build_other_languages(root: &Path, out_dir: &Path) -> OtherBuilds {
     std::fs::create_dir_all(out_dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", out_dir.display()));
     let mut running = Vec::new();
-    for &(folder, name, install) in OTHER_LANGUAGES {
+    for &(folder, sdk, name, install) in OTHER_LANGUAGES {
         let dir = root.join("plugins").join(folder);
         let wasm = out_dir.join(format!("{name}.wasm"));
         let stamp = out_dir.join(format!("{name}.fingerprint"));
         let log = out_dir.join(format!("{name}.log"));
-        let fingerprint = fingerprint(root, &[dir.clone(), root.join("wit")]);
+        let fingerprint = fingerprint(root, &[dir.clone(), root.join("guest-sdk").join(sdk)]);
         let fresh = wasm.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == fingerprint);
         let child = if fresh {
             None

@@ -23,6 +23,11 @@ if ! componentize-py --version 2>/dev/null | grep -q '0\.25\.1'; then
   say "installing componentize-py 0.25.1 (pip)"
   pip install --quiet --disable-pip-version-check --root-user-action=ignore componentize-py==0.25.1
 fi
+# flit_core, the build backend of the Python SDK (guest-sdk/python), so that installing
+# the SDK into a plugin's build needs no network (pip fetches it from PyPI otherwise).
+if ! python3 -c 'import flit_core' 2>/dev/null; then
+  pip install --quiet --disable-pip-version-check --root-user-action=ignore 'flit_core>=3.4,<4'
+fi
 js=plugins/sensor-alerts-js
 if [ ! -f "$js/node_modules/.package-lock.json" ] || [ "$js/package-lock.json" -nt "$js/node_modules/.package-lock.json" ]; then
   say "installing the JavaScript plugin's npm packages (npm ci in $js)"

@@ -116,8 +116,10 @@ pub use state::{GroupState, StateError, TimeoutKind};
 #[allow(unsafe_code, missing_docs, clippy::all)]
 pub mod wit {
     wit_bindgen::generate!({
-        // Relative to this crate's Cargo.toml, wherever the crate is used from.
-        path: "../wit",
+        // Relative to this crate's Cargo.toml: the crate carries its own copy of the
+        // contract (kept identical to the repository's `wit/` by a test), so it builds
+        // from anywhere, as a path or a registry dependency.
+        path: "wit",
         world: "state-function",
         // `export_plugin!` expands the generated `export!` in the plugin's crate.
         pub_export_macro: true,

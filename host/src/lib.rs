@@ -19,6 +19,7 @@ mod prepare;
 mod records;
 mod redo;
 pub mod reload;
+pub mod scaffold;
 pub mod scenario;
 pub mod sink;
 pub mod source;

@@ -2,25 +2,36 @@
 # Builds the JavaScript sensor-alerts plugin into a WebAssembly component.
 # Usage: plugins/sensor-alerts-js/build.sh OUT.wasm
 #
-# Needs Node.js 20 or later and this folder's npm packages (`npm ci` here installs
-# @bytecodealliance/componentize-js at the version in package-lock.json).
+# Needs Node.js 20 or later and npm. The first build runs `npm ci` here, which installs
+# @bytecodealliance/componentize-js at the version in package-lock.json and the SDK
+# (guest-sdk/js, a `file:` dependency in package.json), as a plugin outside the
+# repository does.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:?usage: build.sh OUT.wasm}"
-if ! command -v node >/dev/null; then
-  echo "error: node not found; install Node.js 20 or later (apt-get install -y nodejs npm)" >&2
-  exit 1
-fi
-cli="$here/node_modules/@bytecodealliance/componentize-js/src/cli.js"
-wanted=$(node -p "require('$here/package.json').devDependencies['@bytecodealliance/componentize-js']")
-installed=$(node -p "try { require('$here/node_modules/@bytecodealliance/componentize-js/package.json').version } catch { '' }")
-if [ ! -f "$cli" ] || [ "$installed" != "$wanted" ]; then
-  echo "error: componentize-js $wanted is not installed in $here/node_modules; run: npm ci --prefix $here" >&2
-  exit 1
-fi
 mkdir -p "$(dirname "$out")"
+out="$(cd "$(dirname "$out")" && pwd)/$(basename "$out")"
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  echo "error: node or npm not found; install Node.js 20 or later (apt-get install -y nodejs npm)" >&2
+  exit 1
+fi
+cd "$here"
+cli="node_modules/@bytecodealliance/componentize-js/src/cli.js"
+wanted=$(node -p "require('./package.json').devDependencies['@bytecodealliance/componentize-js']")
+installed=$(node -p "try { require('./node_modules/@bytecodealliance/componentize-js/package.json').version } catch { '' }")
+if [ ! -f "$cli" ] || [ "$installed" != "$wanted" ]; then
+  npm ci --prefer-offline --no-audit --no-fund --loglevel=error >&2
+fi
+# npm keeps a copied `file:` package as it is until it is installed again: refresh the
+# SDK's copy when its folder changed.
+sdk=$(node -p "require('path').resolve(require('./package.json').dependencies['groupstate-sdk'].replace(/^file:/, ''))")
+if ! diff -rq "$sdk/groupstate.js" node_modules/groupstate-sdk/groupstate.js >/dev/null 2>&1 ||
+  ! diff -rq "$sdk/wit" node_modules/groupstate-sdk/wit >/dev/null 2>&1; then
+  rm -rf node_modules/groupstate-sdk
+  npm install --prefer-offline --no-audit --no-fund --loglevel=error >&2
+fi
 # -d: leave out the engine features whose WASI imports the host does not grant (http,
 # fetch-event); stdio, clocks and random stay, all virtual in the host's sandbox.
-node "$cli" "$here/sensor-alerts.js" --wit "$here/../../wit" --world-name state-function \
+node "$cli" sensor-alerts.js --wit node_modules/groupstate-sdk/wit --world-name state-function \
   -d http -d fetch-event --out "$out.tmp" >/dev/null
 mv "$out.tmp" "$out"

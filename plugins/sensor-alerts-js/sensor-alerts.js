@@ -13,7 +13,7 @@
 //   event (skipped in pipelines without event-time timeouts); the timed-out call
 //   removes it and emits nothing.
 
-import { exportPlugin, JsonCodec, ParamError, TimeoutKindMismatch } from './groupstate.js';
+import { exportPlugin, JsonCodec, ParamError, TimeoutKindMismatch } from './node_modules/groupstate-sdk/groupstate.js';
 
 const GAP_MS_DEFAULT = 600000;
 const WINDOW_MS_DEFAULT = 60000;

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod admin;
+mod authoring;
 mod cli;
 mod crash;
 mod hotload;

@@ -50,6 +50,27 @@ enum Command {
         #[arg(required = true)]
         scenarios: Vec<PathBuf>,
     },
+    /// Write a plugin project that builds as it is: source with a small working example,
+    /// a build.sh that writes NAME.wasm, a README and example scenarios in tests/.
+    New(NewArgs),
+}
+
+/// `groupstate new`.
+#[derive(Args)]
+struct NewArgs {
+    /// The plugin's name: lowercase letters, digits and `_`, starting with a letter.
+    name: String,
+    /// The language.
+    #[arg(long, value_parser = ["rust", "python", "js", "c"])]
+    lang: String,
+    /// The project folder to write, missing or empty [default: ./NAME].
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// The groupstate checkout whose guest-sdk/ the project builds with (the project
+    /// refers to it by its absolute path) [default: the checkout this binary was built
+    /// from].
+    #[arg(long, env = "GROUPSTATE_SDK")]
+    sdk: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -230,6 +251,23 @@ fn test(plugin: &std::path::Path, paths: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
+fn new_project(args: NewArgs) -> Result<()> {
+    use groupstate::scaffold::{Language, NewProject, create};
+    let language: Language = args.lang.parse()?;
+    let dir = args.dir.unwrap_or_else(|| PathBuf::from(&args.name));
+    // The checkout this binary was built from: host/ is one level below it.
+    let sdk = args.sdk.unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/..")));
+    let project = NewProject { name: args.name, language, dir, sdk };
+    create(&project)?;
+    let dir = project.dir.display();
+    let name = &project.name;
+    println!("created the {language} plugin `{name}` in {dir}; build it and run its scenarios with:");
+    println!("  cd {dir}");
+    println!("  ./build.sh");
+    println!("  groupstate test {name}.wasm tests/");
+    Ok(())
+}
+
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -240,6 +278,7 @@ fn main() {
         Command::State(args) => state(&args),
         Command::Plugin { path } => plugin(&path),
         Command::Test { plugin, scenarios } => test(&plugin, &scenarios),
+        Command::New(args) => new_project(args),
     };
     if let Err(e) = result {
         // A reader that closed the pipe (`groupstate state ... | head`) ends the output

@@ -12,7 +12,12 @@ carrying a WIT variant, and give `s64` values no range check. This module wraps 
 - `Params`, typed parameter getters that refuse unknown names;
 - `PluginError` and its subclasses: raise one to fail the call with its message (the
   host then keeps the key's state as before the call);
-- `export(cls)`, which makes the `WitWorld` class componentize-py looks for.
+- `export(cls)`, which makes the `WitWorld` class componentize-py looks for;
+- `wit_path()`, the package's copy of the WIT contract, for componentize-py's
+  `--wit-path` (also `python3 -m groupstate_sdk wit-path`).
+
+Install it with pip from a checkout (`pip install --target DIR <checkout>/guest-sdk/python`)
+and give componentize-py that folder with `-p`.
 
 Any other exception escaping `process` fails the call too, its message prefixed by the
 exception's type name.
@@ -20,7 +25,9 @@ exception's type name.
 
 import dataclasses
 import json
+import os
 import re
+import typing
 from typing import Any, Callable, Generic, Iterable, List, Optional, Sequence, Tuple, TypeVar
 
 try:  # Inside the component: the bindings componentize-py generates.
@@ -149,12 +156,48 @@ class Codec(Generic[S]):
         raise NotImplementedError
 
 
+def wit_path() -> str:
+    """The folder of the WIT contract this package was made for (its own copy)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "wit")
+
+
+def _from_plain(hint: Any, plain: Any) -> Any:
+    """`plain` (parsed JSON) as the type `hint`: dataclasses rebuilt field by field, at
+    any depth, also inside `List`, `Tuple`, `Dict` and `Optional`; other values as is."""
+    if plain is None:
+        return None
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        hints = typing.get_type_hints(hint)
+        fields = {f.name: _from_plain(hints.get(f.name, Any), plain[f.name]) for f in dataclasses.fields(hint) if f.name in plain}
+        return hint(**fields)
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (list, List, Sequence) and args:
+        return [_from_plain(args[0], item) for item in plain]
+    if origin is tuple and args:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_from_plain(args[0], item) for item in plain)
+        return tuple(_from_plain(arg, item) for arg, item in zip(args, plain))
+    if origin is dict and len(args) == 2:
+        return {key: _from_plain(args[1], item) for key, item in plain.items()}
+    if origin is typing.Union:
+        # Optional[X] and other unions: the first dataclass-bearing member that fits.
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _from_plain(arg, plain)
+            except (TypeError, KeyError, AttributeError):
+                continue
+    return plain
+
+
 class JsonCodec(Codec[S]):
-    """State as compact JSON: a dataclass as an object of its fields, anything else as is."""
+    """State as compact JSON: a dataclass as an object of its fields (nested dataclasses,
+    and lists, tuples, dicts and optionals of them, included), anything else as is."""
 
     def __init__(self, state_type: Optional[Callable[..., S]] = None) -> None:
         self._type = state_type
-        self._is_dataclass = state_type is not None and dataclasses.is_dataclass(state_type)
 
     def encode(self, value: S) -> bytes:
         plain = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value  # type: ignore[arg-type]
@@ -162,9 +205,9 @@ class JsonCodec(Codec[S]):
 
     def decode(self, data: bytes) -> S:
         plain = json.loads(data)
-        if self._is_dataclass:
-            return self._type(**plain)  # type: ignore[misc]
-        return plain
+        if self._type is None:
+            return plain
+        return _from_plain(self._type, plain)
 
 
 class GroupState(Generic[S]):

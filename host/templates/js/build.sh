@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds this plugin into {{name}}.wasm beside this script (or into OUT.wasm).
+# Usage: ./build.sh [OUT.wasm]
+#
+# The first build runs `npm install` here: componentize-js (pinned in package.json) and
+# the groupstate SDK (a `file:` dependency on the checkout).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+out="${1:-$here/{{name}}.wasm}"
+mkdir -p "$(dirname "$out")"
+out="$(cd "$(dirname "$out")" && pwd)/$(basename "$out")"
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  echo "error: node or npm not found; install Node.js 20 or later (apt-get install -y nodejs npm)" >&2
+  exit 1
+fi
+cd "$here"
+cli="node_modules/@bytecodealliance/componentize-js/src/cli.js"
+wanted=$(node -p "require('./package.json').devDependencies['@bytecodealliance/componentize-js']")
+installed=$(node -p "try { require('./node_modules/@bytecodealliance/componentize-js/package.json').version } catch { '' }")
+if [ ! -f "$cli" ] || [ "$installed" != "$wanted" ]; then
+  npm install --prefer-offline --no-audit --no-fund --loglevel=error >&2
+fi
+# npm keeps a copied `file:` package as it is until it is installed again: refresh the
+# SDK's copy when the checkout's changed.
+sdk=$(node -p "require('path').resolve(require('./package.json').dependencies['groupstate-sdk'].replace(/^file:/, ''))")
+if ! diff -q "$sdk/groupstate.js" node_modules/groupstate-sdk/groupstate.js >/dev/null 2>&1 ||
+  ! diff -rq "$sdk/wit" node_modules/groupstate-sdk/wit >/dev/null 2>&1; then
+  rm -rf node_modules/groupstate-sdk
+  npm install --prefer-offline --no-audit --no-fund --loglevel=error >&2
+fi
+# -d: leave out the engine features whose WASI imports the host does not grant (http,
+# fetch-event); stdio, clocks and random stay, all virtual in the host's sandbox.
+node "$cli" plugin.js --wit node_modules/groupstate-sdk/wit --world-name state-function \
+  -d http -d fetch-event --out "$out.tmp" >/dev/null
+mv "$out.tmp" "$out"
+echo "built $out"
