@@ -1,5 +1,6 @@
 //! The `groupstate` command line: run a pipeline, generate the sensor workload,
-//! inspect a state dir or a plugin.
+//! inspect a state dir or a plugin, test a plugin against scenarios, and create a
+//! plugin project.
 
 use std::io::Write;
 use std::path::PathBuf;
