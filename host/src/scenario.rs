@@ -97,7 +97,9 @@ pub struct Step {
     /// The timers after the step (key to deadline), if checked.
     #[serde(default)]
     pub timers: Option<BTreeMap<String, i64>>,
-    /// The watermark after the step, if checked.
+    /// The watermark the step's last batch ran with, if checked: a batch runs with the
+    /// watermark that the batches before it left, so a step's own events show in it
+    /// only if a later batch of the step (one that fires timers, say) ran.
     #[serde(default)]
     pub watermark_ms: Option<i64>,
 }
