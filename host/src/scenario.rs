@@ -6,8 +6,9 @@
 //! the clock (the processing time of its batches), appends its input lines, reopens
 //! the pipeline on the same state dir (so every step is also a restart) and runs it to
 //! the end of its input, then compares what the step produced with what it expects:
-//! the outputs (as JSON values, in order), and, when given, the late records, the keys
-//! that hold state, the timers and the watermark. Determinism makes every scenario
+//! the outputs (as JSON values, in order), the late records, and, when given, the failed
+//! plugin calls, the records that could not be decoded, the keys that hold state, the
+//! timers and the watermark. Determinism makes every scenario
 //! exactly reproducible: the same scenario and plugin give the same result every time.
 //!
 //! ```toml
@@ -91,6 +92,13 @@ pub struct Step {
     /// The clock after the step (how long a follow step waited).
     #[serde(default)]
     pub clock_after_ms: Option<i64>,
+    /// Plugin calls of the step that failed (trapped, hit a limit or returned an
+    /// error) and were skipped or dead-lettered under `on_error`, if checked.
+    #[serde(default)]
+    pub failed_calls: Option<u64>,
+    /// Input records of the step that could not be decoded, if checked.
+    #[serde(default)]
+    pub bad_records: Option<u64>,
     /// The keys that hold a state value or a timer after the step, if checked.
     #[serde(default)]
     pub keys: Option<Vec<String>>,
@@ -218,6 +226,17 @@ fn run_step(config: &PipelineConfig, step: &Step, input: &Path, output: &Path, s
     }
     if summary.run.late != step.late {
         problems.push(format!("{} late records, expected {}", summary.run.late, step.late));
+    }
+    let counted = [
+        ("failed plugin calls", step.failed_calls, summary.run.failed_calls),
+        ("bad records", step.bad_records, summary.run.bad_records),
+    ];
+    for (what, want, got) in counted {
+        if let Some(want) = want
+            && want != got
+        {
+            problems.push(format!("{got} {what}, expected {want}"));
+        }
     }
     if let Some(after) = step.clock_after_ms {
         let now = clock.now_ms();
