@@ -15,7 +15,7 @@ use crate::plugin::{
     CallError, CallOutcome, CallRequest, Event, Plugin, PluginError, PluginInfo, Runtime, StagedValue,
 };
 use crate::prepare::{Prepared, Preparer, Request};
-use crate::sink::{Sink, SinkError};
+use crate::sink::{Sink, SinkError, Sinks};
 use crate::source::{Source, SourceError};
 use crate::store::{BatchPlan, Checkpoint, Counters, KeyChange, KeyRecord, PipelineIdentity, Store, StoreError};
 use crate::swap::{CheckPlan, SampledValue, SwapCheck};
@@ -228,9 +228,7 @@ pub struct Pipeline {
     input: Preparer,
     /// Stdin has closed.
     input_closed: bool,
-    output: Sink,
-    late: Sink,
-    dead_letter: Sink,
+    sinks: Sinks,
     checkpoint: Checkpoint,
     plugin_label: String,
     stages: StageTimes,
@@ -328,9 +326,7 @@ impl Pipeline {
             plugin,
             input,
             input_closed: false,
-            output,
-            late,
-            dead_letter,
+            sinks: Sinks { output, late, dead_letter },
             status: Arc::new(Mutex::new(PluginStatus {
                 running: plugin_label.clone(),
                 since_batch: checkpoint.next_batch_id,
@@ -702,10 +698,8 @@ impl Pipeline {
         });
         if let Err(e) = result {
             // Nothing of the batch is committed: take back what the sinks wrote.
-            for sink in [&mut self.output, &mut self.late, &mut self.dead_letter] {
-                if let Err(abort) = sink.abort_batch() {
-                    eprintln!("groupstate: {abort}");
-                }
+            if let Err(abort) = self.sinks.abort_batch() {
+                eprintln!("groupstate: {abort}");
             }
             return Err(e);
         }
@@ -752,10 +746,10 @@ impl Pipeline {
 
     fn call_all(&mut self, batch: &mut Batch, prepared: &Prepared) -> Result<(), Error> {
         for line in &prepared.late_lines {
-            self.late.push_line(line)?;
+            self.sinks.late.push_line(line)?;
         }
         for line in &prepared.bad_lines {
-            self.dead_letter.push_line(line)?;
+            self.sinks.dead_letter.push_line(line)?;
         }
         let groups = &prepared.groups;
         batch.data_keys = groups.len() as u64;
@@ -842,7 +836,7 @@ impl Pipeline {
         schema: u32,
     ) -> Result<(), Error> {
         for out in &outcome.outputs {
-            self.output.push_line(out)?;
+            self.sinks.output.push_line(out)?;
         }
         batch.counters.outputs += outcome.outputs.len() as u64;
         let value = match outcome.value {
@@ -886,7 +880,7 @@ impl Pipeline {
                 "events": events.iter().map(|e| e.payload.as_str()).collect::<Vec<_>>(),
                 "state_before_hex": state_before_hex,
             });
-            self.dead_letter.push_line(&entry.to_string())?;
+            self.sinks.dead_letter.push_line(&entry.to_string())?;
         }
         // The key keeps its state. A failed timeout call also drops the timer, or the
         // key would fail again in every following batch.
@@ -903,21 +897,20 @@ impl Pipeline {
     fn commit(&mut self, batch: &mut Batch) -> Result<(), Error> {
         let plan = &batch.plan;
         let durable = self.config.durable_commits;
+        let lengths = self.sinks.prepare_commit(durable)?;
         let next = Checkpoint {
             next_batch_id: plan.batch_id + 1,
             input_offset: plan.end_offset,
             input_digest: batch.input_digest,
-            output_len: self.output.prepare_commit(durable)?,
-            late_len: self.late.prepare_commit(durable)?,
-            dead_letter_len: self.dead_letter.prepare_commit(durable)?,
+            output_len: lengths.output,
+            late_len: lengths.late,
+            dead_letter_len: lengths.dead_letter,
             max_event_time_ms: batch.max_event_time_ms,
             watermark_ms: plan.watermark_ms,
             counters: batch.counters,
         };
         self.store.commit(std::mem::take(&mut batch.changes), &next, durable)?;
-        for sink in [&mut self.output, &mut self.late, &mut self.dead_letter] {
-            sink.committed();
-        }
+        self.sinks.committed();
         // The new plugin has committed a batch: no rollback from here on.
         self.probation = None;
         self.checkpoint = next;

@@ -157,6 +157,66 @@ impl Sink {
     }
 }
 
+/// The committed lengths of a pipeline's three outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SinkLengths {
+    /// The results.
+    pub output: u64,
+    /// The late records.
+    pub late: u64,
+    /// The dead letters.
+    pub dead_letter: u64,
+}
+
+/// A pipeline's three outputs (results, late records, dead letters), committed and
+/// taken back as one: a batch's lines reach all three or, after an abort, none.
+#[derive(Debug)]
+pub struct Sinks {
+    /// The results.
+    pub output: Sink,
+    /// The late records.
+    pub late: Sink,
+    /// The dead letters.
+    pub dead_letter: Sink,
+}
+
+impl Sinks {
+    /// Writes what the three hold and returns their lengths, to be committed (with
+    /// `durable`, on disk first).
+    pub fn prepare_commit(&mut self, durable: bool) -> Result<SinkLengths, SinkError> {
+        Ok(SinkLengths {
+            output: self.output.prepare_commit(durable)?,
+            late: self.late.prepare_commit(durable)?,
+            dead_letter: self.dead_letter.prepare_commit(durable)?,
+        })
+    }
+
+    /// Records that the store committed the lengths [`Sinks::prepare_commit`] gave.
+    pub fn committed(&mut self) {
+        for sink in self.all() {
+            sink.committed();
+        }
+    }
+
+    /// Takes back the batch from all three; the first failure is returned after all
+    /// three were tried.
+    pub fn abort_batch(&mut self) -> Result<(), SinkError> {
+        let mut first = Ok(());
+        for sink in self.all() {
+            if let Err(e) = sink.abort_batch()
+                && first.is_ok()
+            {
+                first = Err(e);
+            }
+        }
+        first
+    }
+
+    fn all(&mut self) -> [&mut Sink; 3] {
+        [&mut self.output, &mut self.late, &mut self.dead_letter]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
