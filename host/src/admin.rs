@@ -36,7 +36,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
-use crate::pipeline::{Candidate, PluginStatus, SwapSender};
+use crate::hot_swap::{Candidate, PluginStatus, SwapSender};
 use crate::plugin::Runtime;
 
 /// The socket's file name in the state dir, for `--admin unix`.

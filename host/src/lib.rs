@@ -10,6 +10,8 @@ pub mod codec;
 pub mod config;
 pub mod decode;
 mod fold_mark;
+mod function;
+mod hot_swap;
 mod overlay;
 mod pace;
 mod page;

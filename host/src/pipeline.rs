@@ -4,45 +4,21 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::config::{ErrorPolicy, PipelineConfig, Stream, TimeoutKind};
 use crate::decode::Decoder;
+pub use crate::function::StateFunction;
+use crate::hot_swap::SwapController;
+pub use crate::hot_swap::{Candidate, PluginStatus, SwapSender};
 use crate::pace::PaceWatch;
-use crate::plugin::{
-    CallError, CallOutcome, CallRequest, Event, Plugin, PluginError, PluginInfo, Runtime, StagedValue,
-};
+use crate::plugin::{CallError, CallOutcome, CallRequest, Event, PluginError, Runtime, StagedValue};
 use crate::prepare::{Prepared, Preparer, Request};
 use crate::sink::{Sink, SinkError, Sinks};
 use crate::source::{Source, SourceError};
 use crate::store::{BatchPlan, Checkpoint, Counters, KeyChange, KeyRecord, PipelineIdentity, Store, StoreError};
-use crate::swap::{CheckPlan, SampledValue, SwapCheck};
-
-/// What the pipeline calls per key: a loaded wasm [`Plugin`], or — for benchmarks and
-/// tests only, through [`Pipeline::open_with_function`] — a native implementation that
-/// measures what the sandbox costs.
-pub trait StateFunction: Send {
-    /// The function's name, version and state-schema version.
-    fn info(&self) -> &PluginInfo;
-    /// One call for one key; see [`Plugin::call`].
-    fn call(&mut self, kind: TimeoutKind, req: &CallRequest<'_>) -> Result<CallOutcome, CallError>;
-    /// Converts a state value from an older schema version; see [`Plugin::migrate`].
-    fn migrate(&mut self, from_version: u32, value: &[u8]) -> Result<Vec<u8>, CallError>;
-}
-
-impl StateFunction for Plugin {
-    fn info(&self) -> &PluginInfo {
-        Plugin::info(self)
-    }
-    fn call(&mut self, kind: TimeoutKind, req: &CallRequest<'_>) -> Result<CallOutcome, CallError> {
-        Plugin::call(self, kind, req)
-    }
-    fn migrate(&mut self, from_version: u32, value: &[u8]) -> Result<Vec<u8>, CallError> {
-        Plugin::migrate(self, from_version, value)
-    }
-}
 
 /// Where a run spent its time, in nanoseconds of the monotonic clock.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -59,72 +35,6 @@ pub struct StageTimes {
     pub plugin_ns: u64,
     /// Writing the sinks and committing the store.
     pub commit_ns: u64,
-}
-
-/// A new plugin version, compiled, instantiated and initialised off the processing
-/// path, waiting for the next batch boundary.
-pub struct Candidate {
-    /// The loaded plugin.
-    pub plugin: Box<dyn StateFunction>,
-    /// Where it came from (a path, "admin upload", ...), for the logs.
-    pub origin: String,
-}
-
-impl std::fmt::Debug for Candidate {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Candidate").field("origin", &self.origin).finish_non_exhaustive()
-    }
-}
-
-/// Stored values a candidate must migrate before it is accepted (when its state schema
-/// differs); the rest are migrated lazily, on first touch.
-const MIGRATION_SAMPLE_KEYS: usize = 64;
-
-/// Keys looked at for that sample at most. The sample is taken on the processing path,
-/// so a large store whose values are mostly of the candidate's schema is not scanned
-/// whole; old values beyond it are found when first touched.
-const MIGRATION_SCAN_KEYS_MAX: usize = 10_000;
-
-/// Bytes of stored values in the sample at most (it is held until the check ends).
-const MIGRATION_SAMPLE_BYTES_MAX: usize = 16 << 20;
-
-/// Candidates queued at most; a full queue refuses new uploads until the pipeline has
-/// taken one.
-const CANDIDATES_MAX: usize = 4;
-
-/// Hands new plugin versions to a running pipeline (from a watcher thread, the admin
-/// endpoint or a test).
-#[derive(Debug, Clone)]
-pub struct SwapSender(mpsc::SyncSender<Candidate>);
-
-impl SwapSender {
-    /// Queues a candidate; it is validated against the state and swapped in at the next
-    /// batch boundary. Fails when the queue is full or the pipeline is gone.
-    pub fn send(&self, candidate: Candidate) -> Result<(), String> {
-        self.0.try_send(candidate).map_err(|e| match e {
-            mpsc::TrySendError::Full(_) => {
-                "too many plugin versions waiting; try again after the next batch".to_owned()
-            }
-            mpsc::TrySendError::Disconnected(_) => "the pipeline has stopped".to_owned(),
-        })
-    }
-}
-
-/// What the pipeline runs now and what happened to the last candidate: shared with the
-/// admin endpoint.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PluginStatus {
-    /// The running plugin's name, version and schema.
-    pub running: String,
-    /// The batch from which it runs (0 for the first).
-    pub since_batch: u64,
-    /// The swaps so far: `(batch, from, to)`.
-    pub swaps: Vec<(u64, String, String)>,
-    /// The last refusal or rollback, if any.
-    pub last_refusal: Option<String>,
-    /// A candidate whose migration check is under way (off the processing path), if
-    /// any; candidates queued meanwhile wait for its verdict.
-    pub checking: Option<String>,
 }
 
 /// A pipeline failed; the message names the stage.
@@ -224,30 +134,22 @@ pub struct Pipeline {
     config: PipelineConfig,
     clock: Arc<dyn Clock>,
     store: Store,
-    plugin: Box<dyn StateFunction>,
     input: Preparer,
     /// Stdin has closed.
     input_closed: bool,
     sinks: Sinks,
     checkpoint: Checkpoint,
-    plugin_label: String,
     stages: StageTimes,
     runtime: Option<Arc<Runtime>>,
-    swaps_rx: mpsc::Receiver<Candidate>,
-    swaps_tx: mpsc::SyncSender<Candidate>,
-    /// The plugin replaced by the last swap, kept until the new one has committed a
-    /// batch: a new version that fails its first batch under `fail` is rolled back.
-    probation: Option<(Box<dyn StateFunction>, String)>,
-    /// The migration check of the next candidate, under way on its own thread.
-    swap_check: Option<SwapCheck<Candidate>>,
+    /// The running plugin and the hot swaps.
+    swaps: SwapController,
     /// Per-call plugin time of the recent batches, to notice a plugin turning slow.
     pace: PaceWatch,
-    status: Arc<Mutex<PluginStatus>>,
 }
 
 impl std::fmt::Debug for Pipeline {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pipeline").field("plugin", &self.plugin_label).finish_non_exhaustive()
+        f.debug_struct("Pipeline").field("plugin", &self.swaps.label()).finish_non_exhaustive()
     }
 }
 
@@ -301,7 +203,6 @@ impl Pipeline {
         )?;
         check_identity(&store, &config)?;
         let checkpoint = store.checkpoint()?.unwrap_or_default();
-        let plugin_label = label_of(plugin.info());
         let source = match &config.input {
             Stream::File(path) => {
                 let (offset, digest) = (checkpoint.input_offset, checkpoint.input_digest);
@@ -318,177 +219,34 @@ impl Pipeline {
             Sink::open_file(&side_path(&config, &config.dead_letter, "dead-letter.jsonl"), checkpoint.dead_letter_len)?;
         let decoder = Decoder::new(&config.key_field, config.time_field.as_deref());
         let input = Preparer::new(source, decoder, clock.clone())?;
-        let (swaps_tx, swaps_rx) = mpsc::sync_channel(CANDIDATES_MAX);
         Ok(Self {
             config,
             clock,
             store,
-            plugin,
+            swaps: SwapController::new(plugin, checkpoint.next_batch_id),
             input,
             input_closed: false,
             sinks: Sinks { output, late, dead_letter },
-            status: Arc::new(Mutex::new(PluginStatus {
-                running: plugin_label.clone(),
-                since_batch: checkpoint.next_batch_id,
-                ..PluginStatus::default()
-            })),
             checkpoint,
-            plugin_label,
             stages: StageTimes::default(),
             runtime: None,
-            swaps_rx,
-            swaps_tx,
-            probation: None,
-            swap_check: None,
             pace: PaceWatch::default(),
         })
     }
 
     /// The plugin's name, version and schema.
     pub fn plugin_label(&self) -> &str {
-        &self.plugin_label
+        self.swaps.label()
     }
 
     /// Where to send new plugin versions (hot load).
     pub fn swap_sender(&self) -> SwapSender {
-        SwapSender(self.swaps_tx.clone())
+        self.swaps.sender()
     }
 
     /// The running plugin and the swap history, shared (the admin endpoint reads it).
     pub fn plugin_status(&self) -> Arc<Mutex<PluginStatus>> {
-        self.status.clone()
-    }
-
-    fn update_status(&self, f: impl FnOnce(&mut PluginStatus)) {
-        // A poisoned lock only means a reader panicked; the status is still whole.
-        let mut status = self.status.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        f(&mut status);
-    }
-
-    /// Hot load, at a batch boundary: swaps in the candidate whose check has passed (or
-    /// records its refusal), then, if no check is under way, takes the newest queued
-    /// candidate. One that must migrate stored values is checked on a thread of its own
-    /// while the batches go on with the running plugin, and swapped in at the first
-    /// boundary after its check passed; one that has nothing to migrate is swapped in
-    /// at once.
-    fn accept_swap(&mut self) -> Result<(), Error> {
-        if self.swap_check.as_ref().is_some_and(SwapCheck::is_finished)
-            && let Some(check) = self.swap_check.take()
-        {
-            self.finish_check(check);
-        }
-        if self.swap_check.is_some() {
-            return Ok(());
-        }
-        let Some(candidate) = self.swaps_rx.try_iter().last() else {
-            return Ok(());
-        };
-        let label = label_of(candidate.plugin.info());
-        let schema = candidate.plugin.info().state_schema_version;
-        let sample = match self.migration_sample(schema) {
-            Ok(sample) if sample.is_empty() => {
-                self.swap_in(candidate, label);
-                return Ok(());
-            }
-            Ok(sample) => sample,
-            Err(why) => {
-                self.refuse(&label, &candidate.origin, &why);
-                return Ok(());
-            }
-        };
-        let plan =
-            CheckPlan { sample, budget_ms: self.config.limits.migration_check_ms_max, clock: self.clock.clone() };
-        let origin = candidate.origin.clone();
-        let migrate =
-            |c: &mut Candidate, from: u32, value: &[u8]| c.plugin.migrate(from, value).map_err(|e| e.to_string());
-        match SwapCheck::start(candidate, migrate, plan, label.clone(), origin.clone()) {
-            Ok(check) => {
-                eprintln!("groupstate: plugin {label} from {origin}: checking its state migration");
-                self.update_status(|s| s.checking = Some(label));
-                self.swap_check = Some(check);
-            }
-            Err(e) => self.refuse(&label, &origin, &format!("cannot start the migration check ({e})")),
-        }
-        Ok(())
-    }
-
-    /// Acts on the verdict of a finished migration check.
-    fn finish_check(&mut self, check: SwapCheck<Candidate>) {
-        let (label, origin) = (check.label.clone(), check.origin.clone());
-        match check.finish() {
-            (Some(candidate), Ok(())) => self.swap_in(candidate, label),
-            (_, Err(why)) => self.refuse(&label, &origin, &why),
-            (None, Ok(())) => self.refuse(&label, &origin, "the migration check lost the candidate"),
-        }
-    }
-
-    /// Makes `candidate` the running plugin from the next batch on; the replaced one
-    /// is kept on probation until the new one commits a batch.
-    fn swap_in(&mut self, candidate: Candidate, label: String) {
-        let batch_id = self.checkpoint.next_batch_id;
-        eprintln!(
-            "groupstate: plugin swapped at batch {batch_id}: {} -> {label} (from {})",
-            self.plugin_label, candidate.origin
-        );
-        let previous = std::mem::replace(&mut self.plugin, candidate.plugin);
-        let previous_label = std::mem::replace(&mut self.plugin_label, label.clone());
-        self.update_status(|s| {
-            s.swaps.push((batch_id, previous_label.clone(), label.clone()));
-            s.running = label;
-            s.since_batch = batch_id;
-            s.checking = None;
-        });
-        self.probation = Some((previous, previous_label));
-    }
-
-    /// Records that the candidate `label` from `origin` was refused.
-    fn refuse(&mut self, label: &str, origin: &str, why: &str) {
-        let message = format!("plugin {label} from {origin}: refused: {why}; {} keeps running", self.plugin_label);
-        eprintln!("groupstate: {message}");
-        self.update_status(|s| {
-            s.last_refusal = Some(message);
-            s.checking = None;
-        });
-    }
-
-    /// Stored values written under another schema than `schema`, for a candidate to
-    /// migrate: up to [`MIGRATION_SAMPLE_KEYS`] values and [`MIGRATION_SAMPLE_BYTES_MAX`]
-    /// bytes, from the first [`MIGRATION_SCAN_KEYS_MAX`] keys. Reading them is cheap;
-    /// migrating them is left to the check's thread.
-    fn migration_sample(&self, schema: u32) -> Result<Vec<SampledValue>, String> {
-        let mut sample = Vec::new();
-        let mut bytes = 0;
-        for entry in self.store.iter_keys().take(MIGRATION_SCAN_KEYS_MAX) {
-            let (key, record) = entry.map_err(|e| format!("cannot read the stored state to check it: {e}"))?;
-            let Some(value) = record.value.filter(|_| record.schema_version != schema) else {
-                continue;
-            };
-            bytes += value.len();
-            sample.push(SampledValue { key, schema_version: record.schema_version, value });
-            if sample.len() == MIGRATION_SAMPLE_KEYS || bytes >= MIGRATION_SAMPLE_BYTES_MAX {
-                break;
-            }
-        }
-        Ok(sample)
-    }
-
-    /// Puts back the plugin that ran before the last swap, after the new one failed its
-    /// first batch; the batch (still planned, not committed) runs again with it.
-    fn roll_back(&mut self, cause: &str, failed: &str) {
-        let Some((previous, previous_label)) = self.probation.take() else {
-            return;
-        };
-        let message = format!("plugin {failed} failed its first batch ({cause}): rolled back to {previous_label}");
-        eprintln!("groupstate: {message}; the batch runs again with it");
-        self.plugin = previous;
-        self.plugin_label = previous_label.clone();
-        let batch_id = self.checkpoint.next_batch_id;
-        self.update_status(|s| {
-            s.swaps.push((batch_id, failed.to_owned(), previous_label.clone()));
-            s.running = previous_label;
-            s.since_batch = batch_id;
-            s.last_refusal = Some(message);
-        });
+        self.swaps.status()
     }
 
     /// The state store (read-only use: inspection and tests).
@@ -526,7 +284,7 @@ impl Pipeline {
             run: counters_since(&total, &start_counters),
             total,
             checkpoint: self.checkpoint.clone(),
-            plugin: self.plugin_label.clone(),
+            plugin: self.swaps.label().to_owned(),
             elapsed_ms: (self.clock.monotonic_ns().saturating_sub(started_ns)) / 1_000_000,
             stages: self.stages,
         })
@@ -534,14 +292,16 @@ impl Pipeline {
 
     /// Plans and runs one batch; `None` when there is nothing to do now.
     pub fn next_batch(&mut self) -> Result<Option<BatchReport>, Error> {
-        self.accept_swap()?;
+        let budget_ms = self.config.limits.migration_check_ms_max;
+        self.swaps.at_boundary(self.checkpoint.next_batch_id, &self.store, budget_ms, self.clock.clone());
         match self.plan_and_run() {
             Err(Error::Call { batch_id, plugin, key, cause })
-                if self.probation.is_some() && self.input.is_seekable() =>
+                if self.swaps.on_probation() && self.input.is_seekable() =>
             {
                 // The failed batch stays planned and uncommitted: it runs again, from
                 // the same input offset, with the plugin that ran before the swap.
-                self.roll_back(&format!("batch {batch_id}: key {key:?}: {cause}"), &plugin);
+                let cause = format!("batch {batch_id}: key {key:?}: {cause}");
+                self.swaps.roll_back(self.checkpoint.next_batch_id, &cause, &plugin);
                 self.plan_and_run()
             }
             other => other,
@@ -727,7 +487,7 @@ impl Pipeline {
         };
         eprintln!(
             "groupstate: warning: batch {batch_id}: plugin {} took {} us per call, {}x the median of the last {} batches ({} us); a plugin that spends most of call_cpu_ms_max ({} ms) on every key slows the whole pipeline",
-            self.plugin_label,
+            self.swaps.label(),
             slow.per_call_ns / 1000,
             slow.per_call_ns / slow.median_ns.max(1),
             slow.batches,
@@ -787,7 +547,7 @@ impl Pipeline {
                 .into());
             }
         }
-        let schema = self.plugin.info().state_schema_version;
+        let schema = self.swaps.info().state_schema_version;
         let migrated = self.migrated_value(before.as_ref(), schema);
         let called = self.clock.monotonic_ns();
         self.stages.state_load_ns += called.saturating_sub(started);
@@ -801,7 +561,7 @@ impl Pipeline {
                 watermark_ms: batch.plan.watermark_ms,
                 processing_time_ms: batch.plan.processing_time_ms,
             };
-            let outcome = self.plugin.call(self.config.timeout, &req)?;
+            let outcome = self.swaps.plugin().call(self.config.timeout, &req)?;
             Ok((value, outcome))
         });
         self.stages.plugin_ns += self.since(called);
@@ -819,7 +579,7 @@ impl Pipeline {
     fn migrated_value(&mut self, before: Option<&KeyRecord>, schema: u32) -> Result<Option<Vec<u8>>, CallError> {
         match before {
             Some(KeyRecord { value: Some(v), schema_version, .. }) if *schema_version != schema => {
-                self.plugin.migrate(*schema_version, v).map(Some)
+                self.swaps.plugin().migrate(*schema_version, v).map(Some)
             }
             Some(record) => Ok(record.value.clone()),
             None => Ok(None),
@@ -863,7 +623,7 @@ impl Pipeline {
         if self.config.on_error == ErrorPolicy::Fail {
             return Err(Error::Call {
                 batch_id: batch.plan.batch_id,
-                plugin: self.plugin_label.clone(),
+                plugin: self.swaps.label().to_owned(),
                 key: key.to_owned(),
                 cause,
             });
@@ -912,7 +672,7 @@ impl Pipeline {
         self.store.commit(std::mem::take(&mut batch.changes), &next, durable)?;
         self.sinks.committed();
         // The new plugin has committed a batch: no rollback from here on.
-        self.probation = None;
+        self.swaps.committed();
         self.checkpoint = next;
         // The batch is committed: a fold that fails now stops the run, and the next
         // start replays the log, but nothing of the batch is taken back.
@@ -949,11 +709,6 @@ fn touch_payloads(events: &[Event]) {
         any ^= event.payload.as_bytes().first().copied().unwrap_or(0);
     }
     std::hint::black_box(any);
-}
-
-/// How a plugin is named in the log and the status: name, version and state schema.
-fn label_of(info: &PluginInfo) -> String {
-    format!("{} {} (state schema {})", info.name, info.version, info.state_schema_version)
 }
 
 fn counters_since(now: &Counters, start: &Counters) -> Counters {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::pipeline::{Candidate, SwapSender};
+use crate::hot_swap::{Candidate, SwapSender};
 use crate::plugin::Runtime;
 
 /// The file watcher's thread: stopped and joined when dropped (within one interval).
