@@ -559,3 +559,24 @@ void gs_log(groupstate_plugin_log_level_t level, const char *message) {
   state_function_string_t text = {(uint8_t *)message, strlen(message)};
   groupstate_plugin_log_log(level, &text);
 }
+
+bool gs_export_process(gs_process_fn process, bool initialized, state_function_string_t *key,
+                       state_function_list_event_t *events, gs_state state, state_function_list_string_t *ret,
+                       state_function_string_t *err) {
+  *ret = (state_function_list_string_t){NULL, 0};
+  bool ok;
+  if (initialized) {
+    ok = process(key, events, state, ret, err);
+  } else {
+    state_function_string_dup(err, "process was called before init succeeded: the host must call init on every "
+                                   "new instance");
+    ok = false;
+  }
+  if (!ok) {
+    state_function_list_string_free(ret);
+    *ret = (state_function_list_string_t){NULL, 0};
+  }
+  state_function_string_free(key);
+  state_function_list_event_free(events);
+  return ok;
+}

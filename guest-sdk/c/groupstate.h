@@ -79,6 +79,25 @@ bool gs_state_update(gs_state state, const uint8_t *bytes, size_t len, state_fun
 bool gs_state_set_timeout_timestamp(gs_state state, int64_t timestamp_ms, bool *kind_mismatch,
                                     state_function_string_t *err);
 
+// A plugin's own `process`: the key, its events and the state handle in, outputs
+// appended to `outputs` (which starts empty), and `false` with `err` set to refuse the
+// key. It borrows its arguments.
+typedef bool (*gs_process_fn)(const state_function_string_t *key, const state_function_list_event_t *events,
+                              gs_state state, state_function_list_string_t *outputs, state_function_string_t *err);
+
+// The body of `exports_state_function_process`: calls `process` once `init` has
+// succeeded (`initialized`), drops the outputs of a refused call, and frees the key and
+// the events, which the export owns. Every plugin's export is this one call:
+//
+//   bool exports_state_function_process(state_function_string_t *key, state_function_list_event_t *events,
+//                                       gs_state state, state_function_list_string_t *ret,
+//                                       state_function_string_t *err) {
+//     return gs_export_process(process, config.initialized, key, events, state, ret, err);
+//   }
+bool gs_export_process(gs_process_fn process, bool initialized, state_function_string_t *key,
+                       state_function_list_event_t *events, gs_state state, state_function_list_string_t *ret,
+                       state_function_string_t *err);
+
 // Writes one message to the host's log.
 void gs_log(groupstate_plugin_log_level_t level, const char *message);
 

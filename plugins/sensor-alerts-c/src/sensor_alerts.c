@@ -238,22 +238,7 @@ static bool process(const state_function_string_t *sensor_id, const state_functi
 bool exports_state_function_process(state_function_string_t *key, state_function_list_event_t *events,
                                     state_function_borrow_group_state_t state, state_function_list_string_t *ret,
                                     state_function_string_t *err) {
-  *ret = (state_function_list_string_t){NULL, 0};
-  bool ok;
-  if (config.initialized) {
-    ok = process(key, events, state, ret, err);
-  } else {
-    state_function_string_dup(err, "process was called before init succeeded: the host must call init on every "
-                                   "new instance");
-    ok = false;
-  }
-  if (!ok) {
-    state_function_list_string_free(ret);
-    *ret = (state_function_list_string_t){NULL, 0};
-  }
-  state_function_string_free(key);
-  state_function_list_event_free(events);
-  return ok;
+  return gs_export_process(process, config.initialized, key, events, state, ret, err);
 }
 
 bool exports_state_function_migrate_state(uint32_t from_version, state_function_list_u8_t *value,
