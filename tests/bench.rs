@@ -1,11 +1,14 @@
 //! The benchmark (WORKLOAD.md's workload; figures in BENCHMARKS.md). Run it with
 //! `cargo run --release -p groupstate-tests --bin bench -- <scenario> [options]`:
 //!
-//! - `throughput [--events N] [--sensors K] [--runs R] [--batch-events B] [--configs floor,native,wasm]`: the sensor
+//! - `throughput [--events N,..] [--sensors K,..] [--runs R] [--batch-events B] [--configs floor,native,wasm]`: the sensor
 //!   workload end to end with state in sled committed (fsync) every batch, three ways on
 //!   the same input: the wasm plugin, the same logic as a native Rust function inside the
 //!   host (what the sandbox costs), and a plain in-memory loop over the file (the floor).
-//!   Each run is a child process, so peak RSS is its own. Prints medians and ratios.
+//!   Each run is a child process, so peak RSS is its own. Prints medians and ratios;
+//!   with several event or sensor counts, every pair runs interleaved and the cost of an
+//!   event is compared across them (e.g. `--sensors 10000,1000000`: at 1M keys
+//!   against 10k).
 //! - `timers [--keys 10000,1000000] [--batches B]`: the time of a batch that fires no
 //!   timeout while N keys hold timers, and the recovery time (open + first batch) with
 //!   N keys in state.
@@ -45,25 +48,27 @@ fn main() {
     let num = |name: &str, default: u64| -> u64 {
         flag(name, &default.to_string()).parse().unwrap_or_else(|_| panic!("{name} takes a number"))
     };
+    let list = |name: &str, default: &str| -> Vec<u64> {
+        flag(name, default)
+            .split(',')
+            .map(|n| n.parse().unwrap_or_else(|_| panic!("{name} takes numbers separated by commas")))
+            .collect()
+    };
     match args.first().map(String::as_str) {
         Some("throughput") => throughput(
-            num("--events", 1_000_000),
-            num("--sensors", 10_000) as u32,
+            &list("--events", "1000000"),
+            &list("--sensors", "10000"),
             num("--runs", 3) as usize,
             num("--batch-events", 0) as usize,
             &flag("--configs", "floor,native,wasm").split(',').collect::<Vec<_>>(),
         ),
-        Some("timers") => {
-            let keys: Vec<u64> =
-                flag("--keys", "10000,1000000").split(',').map(|k| k.parse().expect("--keys takes numbers")).collect();
-            timers(&keys, num("--batches", 20) as usize);
-        }
+        Some("timers") => timers(&list("--keys", "10000,1000000"), num("--batches", 20) as usize),
         Some("swap") => swap(num("--runs", 5) as usize),
         // A child process of `throughput`: one run, one JSON line on stdout.
         Some("one") => one(&args[1], Path::new(&args[2]), num("--batch-events", 0) as usize),
         _ => {
             eprintln!(
-                "usage: bench throughput [--events N] [--sensors K] [--runs R] [--batch-events B] [--configs floor,native,wasm]"
+                "usage: bench throughput [--events N,..] [--sensors K,..] [--runs R] [--batch-events B] [--configs floor,native,wasm]"
             );
             eprintln!("       bench timers [--keys 10000,1000000] [--batches B]");
             eprintln!("       bench swap [--runs R]");
@@ -83,53 +88,113 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn throughput(events: u64, sensors: u32, runs: usize, batch_events: usize, configs: &[&str]) {
-    let input = data_dir().join(format!("sensor-{events}-{sensors}.jsonl"));
-    if !input.exists() {
-        eprintln!("generating {}", input.display());
-        let mut out = std::io::BufWriter::new(std::fs::File::create(&input).expect("create input"));
-        generate_sensor(SensorSpec { events, sensors, seed: 1 }, &mut out).expect("generate");
-        out.flush().expect("flush");
+/// One workload of a `throughput` run: its input file and its results per config.
+struct Cell {
+    events: u64,
+    sensors: u64,
+    input: PathBuf,
+    results: HashMap<String, Vec<serde_json::Value>>,
+}
+
+impl Cell {
+    fn median(&self, config: &str, field: &str) -> f64 {
+        median(self.results[config].iter().map(|v| v[field].as_f64().unwrap_or(0.0)).collect())
     }
-    let exe = std::env::current_exe().expect("current exe");
-    let mut results: HashMap<&str, Vec<serde_json::Value>> = HashMap::new();
-    // Interleaved, so that machine noise hits every configuration alike.
-    for run in 0..runs {
-        for &config in configs {
-            let out = Command::new(&exe)
-                .args(["one", config, &input.display().to_string(), "--batch-events", &batch_events.to_string()])
-                .output()
-                .expect("run child");
-            assert!(out.status.success(), "{config} run failed: {}", String::from_utf8_lossy(&out.stderr));
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("child JSON");
-            eprintln!("run {run} {config}: {v}");
-            results.entry(config).or_default().push(v);
+}
+
+/// Runs every (events, sensors) pair of the lists with every config, interleaved, and
+/// prints a table per pair, then the cost of an event at each key count against the
+/// first (and at each event count against the first): the ratios that hold on a noisy
+/// machine because they come from one run.
+fn throughput(events: &[u64], sensors: &[u64], runs: usize, batch_events: usize, configs: &[&str]) {
+    let mut cells: Vec<Cell> = Vec::new();
+    for &e in events {
+        for &s in sensors {
+            let input = data_dir().join(format!("sensor-{e}-{s}.jsonl"));
+            if !input.exists() {
+                eprintln!("generating {}", input.display());
+                let mut out = std::io::BufWriter::new(std::fs::File::create(&input).expect("create input"));
+                let spec = SensorSpec { events: e, sensors: u32::try_from(s).expect("--sensors fits u32"), seed: 1 };
+                generate_sensor(spec, &mut out).expect("generate");
+                out.flush().expect("flush");
+            }
+            cells.push(Cell { events: e, sensors: s, input, results: HashMap::new() });
         }
     }
-    let med =
-        |config: &str, field: &str| median(results[config].iter().map(|v| v[field].as_f64().unwrap_or(0.0)).collect());
+    let exe = std::env::current_exe().expect("current exe");
+    // Interleaved, so that machine noise hits every configuration alike.
+    for run in 0..runs {
+        for cell in &mut cells {
+            for &config in configs {
+                let out = Command::new(&exe)
+                    .args([
+                        "one",
+                        config,
+                        &cell.input.display().to_string(),
+                        "--batch-events",
+                        &batch_events.to_string(),
+                    ])
+                    .output()
+                    .expect("run child");
+                assert!(out.status.success(), "{config} run failed: {}", String::from_utf8_lossy(&out.stderr));
+                let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("child JSON");
+                eprintln!("run {run} {} events {} sensors {config}: {v}", cell.events, cell.sensors);
+                cell.results.entry(config.to_owned()).or_default().push(v);
+            }
+        }
+    }
     let batch = if batch_events > 0 { batch_events.to_string() } else { "default".to_owned() };
-    println!("\nsensor workload: {events} events, {sensors} sensors, batch {batch}, medians of {runs} runs");
-    println!(
-        "{:<8} {:>12} {:>10} {:>10} {:>7} | {:>12} {:>8} {:>8} {:>8} {:>8} (ms)",
-        "config", "events/s", "vs native", "peak MiB", "CPU s", "read+decode", "wait", "load", "plugin", "commit"
-    );
-    let native = if configs.contains(&"native") { med("native", "events_per_s") } else { f64::NAN };
-    for &config in configs {
-        let eps = med(config, "events_per_s");
+    for cell in &cells {
         println!(
-            "{:<8} {:>12.0} {:>9.2}x {:>10.1} {:>7.1} | {:>12.0} {:>8.0} {:>8.0} {:>8.0} {:>8.0}",
-            config,
-            eps,
-            eps / native,
-            med(config, "peak_rss_kib") / 1024.0,
-            med(config, "cpu_s"),
-            med(config, "read_decode_ms"),
-            med(config, "input_wait_ms"),
-            med(config, "state_load_ms"),
-            med(config, "plugin_ms"),
-            med(config, "commit_ms"),
+            "\nsensor workload: {} events, {} sensors, batch {batch}, medians of {runs} runs",
+            cell.events, cell.sensors
         );
+        println!(
+            "{:<8} {:>12} {:>10} {:>10} {:>7} | {:>12} {:>8} {:>8} {:>8} {:>8} (ms)",
+            "config", "events/s", "vs native", "peak MiB", "CPU s", "read+decode", "wait", "load", "plugin", "commit"
+        );
+        let native = if configs.contains(&"native") { cell.median("native", "events_per_s") } else { f64::NAN };
+        for &config in configs {
+            let eps = cell.median(config, "events_per_s");
+            println!(
+                "{:<8} {:>12.0} {:>9.2}x {:>10.1} {:>7.1} | {:>12.0} {:>8.0} {:>8.0} {:>8.0} {:>8.0}",
+                config,
+                eps,
+                eps / native,
+                cell.median(config, "peak_rss_kib") / 1024.0,
+                cell.median(config, "cpu_s"),
+                cell.median(config, "read_decode_ms"),
+                cell.median(config, "input_wait_ms"),
+                cell.median(config, "state_load_ms"),
+                cell.median(config, "plugin_ms"),
+                cell.median(config, "commit_ms"),
+            );
+        }
+    }
+    // Cost of an event = 1 / events per second (wall time, as the tables).
+    let cost = |cell: &Cell, config: &str| 1.0 / cell.median(config, "events_per_s");
+    let find = |e: u64, s: u64| cells.iter().find(|c| c.events == e && c.sensors == s).expect("cell");
+    for &config in configs {
+        for &e in events {
+            let base = find(e, sensors[0]);
+            for &s in &sensors[1..] {
+                println!(
+                    "{config}, {e} events: an event costs {:.2}x at {s} sensors what it costs at {} sensors",
+                    cost(find(e, s), config) / cost(base, config),
+                    sensors[0]
+                );
+            }
+        }
+        for &s in sensors {
+            let base = find(events[0], s);
+            for &e in &events[1..] {
+                println!(
+                    "{config}, {s} sensors: an event costs {:.2}x over {e} events what it costs over {} events",
+                    cost(find(e, s), config) / cost(base, config),
+                    events[0]
+                );
+            }
+        }
     }
 }
 

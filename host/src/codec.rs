@@ -4,7 +4,7 @@
 //! module only.
 
 use bincode::config::{Configuration, Fixint, LittleEndian};
-use bincode::{Decode, Encode};
+use bincode::{BorrowDecode, Decode, Encode};
 
 /// Fixed-width integers keep a record's size independent of its values, which makes
 /// the size assertions at the storage boundary simple.
@@ -54,6 +54,24 @@ impl DecodeError {
 pub(crate) fn decode<T: Decode<()>>(what: &'static str, bytes: &[u8]) -> Result<T, DecodeError> {
     let config = CONFIG.with_limit::<RECORD_BYTES_MAX>();
     let (value, read) = bincode::decode_from_slice(bytes, config).map_err(|source| DecodeError { what, source })?;
+    if read != bytes.len() {
+        return Err(DecodeError {
+            what,
+            source: bincode::error::DecodeError::OtherString(format!("{} trailing bytes", bytes.len() - read)),
+        });
+    }
+    Ok(value)
+}
+
+/// Decodes a `what` record that borrows from `bytes` (no allocation), refusing
+/// trailing bytes.
+pub(crate) fn borrow_decode<'a, T: BorrowDecode<'a, ()>>(
+    what: &'static str,
+    bytes: &'a [u8],
+) -> Result<T, DecodeError> {
+    let config = CONFIG.with_limit::<RECORD_BYTES_MAX>();
+    let (value, read) =
+        bincode::borrow_decode_from_slice(bytes, config).map_err(|source| DecodeError { what, source })?;
     if read != bytes.len() {
         return Err(DecodeError {
             what,

@@ -10,7 +10,7 @@
 //! writes each changed page once.
 
 use crate::codec::{self, DecodeError};
-use crate::records::KeyRecord;
+use crate::records::{KeyRecord, KeyRecordRef};
 
 /// A page is split when its encoding grows past this (a few in tests, so that the
 /// model test splits and empties pages all the time).
@@ -63,23 +63,61 @@ impl Page {
     /// without decoding the others.
     pub fn encode(&self) -> Vec<u8> {
         let records: Vec<Vec<u8>> = self.entries.iter().map(|(_, r)| codec::encode(r)).collect();
-        let table = 4 + 4 * self.entries.len();
-        let body: usize = self.entries.iter().zip(&records).map(|((k, _), r)| 6 + k.len() + r.len()).sum();
-        let mut out = Vec::with_capacity(table + body);
-        out.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
-        let mut offset = table;
-        for ((key, _), record) in self.entries.iter().zip(&records) {
-            out.extend_from_slice(&(offset as u32).to_le_bytes());
-            offset += 6 + key.len() + record.len();
+        encode_entries(self.entries.iter().zip(&records).map(|((k, _), r)| (k.as_str(), r.as_slice())))
+    }
+
+    /// Merges `changes` (sorted by key, each an encoded record to set or `None` to
+    /// remove) into the encoded page `bytes` (`None`: no page yet), copying the
+    /// records as they are: a fold changes a few records of each page it writes, and
+    /// decoding and re-encoding the others cost as much as sled's write.
+    pub fn merge<'c>(
+        bytes: Option<&[u8]>,
+        changes: impl IntoIterator<Item = (&'c str, Option<&'c [u8]>)>,
+    ) -> Result<Merged, DecodeError> {
+        let view = bytes.map(View::new).transpose()?;
+        let count = view.as_ref().map_or(0, |v| v.count);
+        let mut old_min: Option<i64> = None;
+        let mut new_min: Option<i64> = None;
+        let mut kept: Vec<(&str, &[u8])> = Vec::with_capacity(count + 4);
+        let mut changes = changes.into_iter().peekable();
+        let mut at = 0;
+        loop {
+            let old = match &view {
+                Some(v) if at < count => Some(v.entry(at)?),
+                _ => None,
+            };
+            let next_change = changes.peek().map(|(k, _)| *k);
+            let take_old = match (old, next_change) {
+                (None, None) => break,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (Some((k, _)), Some(c)) => k < c,
+            };
+            if take_old {
+                let (key, record) = old.expect("take_old implies an old entry");
+                let deadline = codec::borrow_decode::<KeyRecordRef<'_>>("page record", record)?.timeout_ms;
+                old_min = min_of(old_min, deadline);
+                new_min = min_of(new_min, deadline);
+                if kept.last().is_some_and(|(k, _)| *k >= key) {
+                    return Err(DecodeError::invalid("page", "keys out of order"));
+                }
+                kept.push((key, record));
+                at += 1;
+                continue;
+            }
+            let (key, record) = changes.next().expect("a change is next");
+            if let Some((_, old_record)) = old.filter(|(k, _)| *k == key) {
+                old_min =
+                    min_of(old_min, codec::borrow_decode::<KeyRecordRef<'_>>("page record", old_record)?.timeout_ms);
+                at += 1;
+            }
+            if let Some(record) = record {
+                new_min = min_of(new_min, codec::borrow_decode::<KeyRecordRef<'_>>("page record", record)?.timeout_ms);
+                kept.push((key, record));
+            }
         }
-        for ((key, _), record) in self.entries.iter().zip(&records) {
-            // Keys are at most `KEY_BYTES_MAX` (4 KiB) long: the store refuses longer.
-            out.extend_from_slice(&(key.len() as u16).to_le_bytes());
-            out.extend_from_slice(key.as_bytes());
-            out.extend_from_slice(&(record.len() as u32).to_le_bytes());
-            out.extend_from_slice(record);
-        }
-        out
+        let bytes = encode_entries(kept.iter().copied());
+        Ok(Merged { bytes, count: kept.len(), old_min, new_min })
     }
 
     /// The records, in key order.
@@ -99,6 +137,7 @@ impl Page {
     }
 
     /// Sets (or, with `None`, removes) the record of `key`.
+    #[cfg(test)]
     pub fn set(&mut self, key: &str, record: Option<KeyRecord>) {
         match (self.entries.binary_search_by(|(k, _)| k.as_str().cmp(key)), record) {
             (Ok(i), Some(r)) => self.entries[i].1 = r,
@@ -136,6 +175,47 @@ impl Page {
             fences.into_iter().zip(groups).map(|(fence, entries)| (fence, Page { entries })).collect();
         out
     }
+}
+
+/// A page after [`Page::merge`].
+#[derive(Debug)]
+pub(crate) struct Merged {
+    /// Its encoding.
+    pub bytes: Vec<u8>,
+    /// Its records.
+    pub count: usize,
+    /// The earliest deadline of the page before the merge.
+    pub old_min: Option<i64>,
+    /// The earliest deadline after it.
+    pub new_min: Option<i64>,
+}
+
+fn min_of(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Encodes sorted entries (key, encoded record) as a page (see [`Page::encode`]).
+fn encode_entries<'e>(entries: impl Iterator<Item = (&'e str, &'e [u8])> + Clone) -> Vec<u8> {
+    let (count, body) = entries.clone().fold((0, 0), |(n, len), (k, r)| (n + 1, len + 6 + k.len() + r.len()));
+    let table = 4 + 4 * count;
+    let mut out = Vec::with_capacity(table + body);
+    out.extend_from_slice(&(count as u32).to_le_bytes());
+    let mut offset = table;
+    for (key, record) in entries.clone() {
+        out.extend_from_slice(&(offset as u32).to_le_bytes());
+        offset += 6 + key.len() + record.len();
+    }
+    for (key, record) in entries {
+        // Keys are at most `KEY_BYTES_MAX` (4 KiB) long: the store refuses longer.
+        out.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(&(record.len() as u32).to_le_bytes());
+        out.extend_from_slice(record);
+    }
+    out
 }
 
 /// An encoded page, read in place.
@@ -233,6 +313,35 @@ mod tests {
             assert_eq!(Page::lookup(&bytes, missing).unwrap(), None, "{missing}");
         }
         assert_eq!(Page::lookup(&Page::default().encode(), "k").unwrap(), None);
+    }
+
+    #[test]
+    fn merge_equals_setting_each_change_on_the_decoded_page() {
+        let mut rng = crate::workload::Rng::new(7);
+        for round in 0..300 {
+            let mut page = Page::default();
+            for _ in 0..rng.range(0, 12) {
+                let key = format!("k{}", rng.range(0, 30));
+                page.set(&key, Some(rec((rng.range(0, 3) > 0).then(|| rng.range(-5, 50)))));
+            }
+            let mut changes: std::collections::BTreeMap<String, Option<KeyRecord>> = Default::default();
+            for _ in 0..rng.range(0, 8) {
+                let record = (rng.range(0, 3) > 0).then(|| rec((rng.range(0, 2) > 0).then(|| rng.range(-5, 50))));
+                changes.insert(format!("k{}", rng.range(0, 30)), record);
+            }
+            let bytes = (round % 5 != 0 || !page.is_empty()).then(|| page.encode());
+            let encoded: Vec<(&str, Option<Vec<u8>>)> =
+                changes.iter().map(|(k, r)| (k.as_str(), r.as_ref().map(codec::encode))).collect();
+            let merged = Page::merge(bytes.as_deref(), encoded.iter().map(|(k, r)| (*k, r.as_deref()))).unwrap();
+            let old_min = page.min_deadline();
+            for (key, record) in &changes {
+                page.set(key, record.clone());
+            }
+            assert_eq!(Page::decode(&merged.bytes).unwrap(), page, "round {round}");
+            assert_eq!(merged.bytes, page.encode(), "round {round}");
+            assert_eq!(merged.count, page.entries().len());
+            assert_eq!((merged.old_min, merged.new_min), (old_min, page.min_deadline()), "round {round}");
+        }
     }
 
     #[test]

@@ -513,11 +513,12 @@ impl Pipeline {
         }
         let groups = &prepared.groups;
         batch.data_keys = groups.len() as u64;
-        for (i, (key, events)) in groups.iter().enumerate() {
+        let loaded = self.load(groups.iter().map(|(k, _)| k.as_str()))?;
+        for (i, ((key, events), before)) in groups.iter().zip(loaded).enumerate() {
             if let Some((_, next)) = groups.get(i + 1) {
                 touch_payloads(next);
             }
-            self.call_key(batch, key, events, None)?;
+            self.call_key(batch, key, events, before, None)?;
         }
         let Some(threshold) = self.timeout_threshold(batch.plan.watermark_ms, batch.plan.processing_time_ms) else {
             return Ok(());
@@ -526,18 +527,36 @@ impl Pipeline {
         let limit = self.config.limits.timeouts_per_batch_max;
         let expired = self.store.expired_timers(threshold, limit.saturating_add(groups.len()))?;
         let data_keys: HashMap<&str, ()> = groups.iter().map(|(k, _)| (k.as_str(), ())).collect();
-        for (deadline, key) in expired.into_iter().filter(|(_, k)| !data_keys.contains_key(k.as_str())).take(limit) {
+        let expired: Vec<(i64, String)> =
+            expired.into_iter().filter(|(_, k)| !data_keys.contains_key(k.as_str())).take(limit).collect();
+        let loaded = self.load(expired.iter().map(|(_, k)| k.as_str()))?;
+        for ((deadline, key), before) in expired.iter().zip(loaded) {
             batch.timeout_keys += 1;
-            self.call_key(batch, &key, &[], Some(deadline))?;
+            self.call_key(batch, key, &[], before, Some(*deadline))?;
         }
         Ok(())
     }
 
-    /// Loads the key, migrates its state if an older schema wrote it, calls the
-    /// plugin and stages the result; `deadline` is set for a timeout call.
-    fn call_key(&mut self, batch: &mut Batch, key: &str, events: &[Event], deadline: Option<i64>) -> Result<(), Error> {
+    /// Loads the committed records of a batch's keys at once (see `Store::get_many`).
+    fn load<'k>(&mut self, keys: impl Iterator<Item = &'k str>) -> Result<Vec<Option<KeyRecord>>, Error> {
         let started = self.clock.monotonic_ns();
-        let before = self.store.get(key)?;
+        let keys: Vec<&str> = keys.collect();
+        let loaded = self.store.get_many(&keys)?;
+        self.stages.state_load_ns += self.since(started);
+        Ok(loaded)
+    }
+
+    /// Migrates the key's loaded state if an older schema wrote it, calls the plugin
+    /// and stages the result; `deadline` is set for a timeout call.
+    fn call_key(
+        &mut self,
+        batch: &mut Batch,
+        key: &str,
+        events: &[Event],
+        before: Option<KeyRecord>,
+        deadline: Option<i64>,
+    ) -> Result<(), Error> {
+        let started = self.clock.monotonic_ns();
         if let Some(deadline) = deadline {
             let stored = before.as_ref().and_then(|r| r.timeout_ms);
             if stored != Some(deadline) {

@@ -3,7 +3,7 @@
 //! below both the store and its redo log, which encode them through `codec`; neither
 //! of the two imports the other for them.
 
-use bincode::{Decode, Encode};
+use bincode::{BorrowDecode, Decode, Encode};
 
 /// Everything the store keeps for one group key.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
@@ -22,6 +22,18 @@ impl KeyRecord {
     pub fn is_empty(&self) -> bool {
         self.value.is_none() && self.timeout_ms.is_none()
     }
+}
+
+/// A [`KeyRecord`] read in place from its encoding (the same encoding: the fold reads
+/// the deadlines of the records it keeps without copying their values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, BorrowDecode)]
+pub struct KeyRecordRef<'a> {
+    /// See [`KeyRecord::value`].
+    pub value: Option<&'a [u8]>,
+    /// See [`KeyRecord::timeout_ms`].
+    pub timeout_ms: Option<i64>,
+    /// See [`KeyRecord::schema_version`].
+    pub schema_version: u32,
 }
 
 /// Counters carried in the checkpoint, so that a resumed run reports totals.

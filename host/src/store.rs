@@ -36,7 +36,7 @@ use bincode::Decode;
 use crate::codec;
 use crate::fold_mark::{self, FoldMark};
 use crate::overlay::Overlay;
-use crate::page::{PAGE_BYTES_MAX, Page};
+use crate::page::{Merged, PAGE_BYTES_MAX, Page};
 pub use crate::records::{BatchPlan, Checkpoint, Counters, KeyChange, KeyRecord, PipelineIdentity};
 use crate::redo::{LogError, RedoLog};
 
@@ -268,8 +268,8 @@ impl Store {
                     commit.seq
                 )));
             }
-            for (key, after) in commit.changes {
-                overlay.apply(key, after);
+            for (key, after) in &commit.changes {
+                overlay.apply(key, after.as_ref());
             }
             seq = commit.seq;
             last_checkpoint = Some(commit.checkpoint);
@@ -324,23 +324,38 @@ impl Store {
 
     /// Loads a key's committed record.
     pub fn get(&self, key: &str) -> Result<Option<KeyRecord>> {
-        if let Some(record) = self.overlay.get(key) {
-            return Ok(record.cloned());
-        }
-        let Some(entry) = self.tree.range(pages_above(key)).next() else {
-            return Ok(None);
-        };
-        Ok(Page::lookup(&entry.map_err(io("read a page"))?.1, key)?)
+        Ok(self.get_many(&[key])?.pop().flatten())
     }
 
-    /// The page whose range holds `key`, with its fence (`None` while the store has
-    /// no page).
-    fn page_of(&self, key: &str) -> Result<Option<(Vec<u8>, Page)>> {
-        let Some(entry) = self.tree.range(pages_above(key)).next() else {
-            return Ok(None);
-        };
-        let (raw, bytes) = entry.map_err(io("read a page"))?;
-        Ok(Some((raw[1..].to_vec(), Page::decode(&bytes)?)))
+    /// Loads the committed records of `keys`, in the order given. The keys not in
+    /// the overlay are looked up in key order, each page read from sled once for all
+    /// of its keys: a batch over a million keys touches each page once, not once per
+    /// key.
+    pub fn get_many(&self, keys: &[&str]) -> Result<Vec<Option<KeyRecord>>> {
+        let mut out = vec![None; keys.len()];
+        let mut stored: Vec<usize> = Vec::with_capacity(keys.len());
+        for (i, key) in keys.iter().enumerate() {
+            match self.overlay.get(key) {
+                Some(record) => out[i] = record.map(|bytes| codec::decode("overlay record", bytes)).transpose()?,
+                None => stored.push(i),
+            }
+        }
+        stored.sort_unstable_by(|a, b| keys[*a].cmp(keys[*b]));
+        let mut page: Option<(sled::IVec, sled::IVec)> = None;
+        for i in stored {
+            let key = keys[i];
+            if page.as_ref().is_none_or(|(raw, _)| key.as_bytes() >= &raw[1..]) {
+                match self.tree.range(pages_above(key)).next() {
+                    Some(entry) => page = Some(entry.map_err(io("read a page"))?),
+                    // No page above this key, so none above the later ones either.
+                    None => break,
+                }
+            }
+            if let Some((_, bytes)) = &page {
+                out[i] = Page::lookup(bytes, key)?;
+            }
+        }
+        Ok(out)
     }
 
     /// Up to `limit` timers with a deadline strictly below `threshold_ms`, in
@@ -374,7 +389,7 @@ impl Store {
             }
         }
         let mut stored = earliest.into_sorted_vec();
-        stored.extend(self.overlay.timers_below(Some(threshold_ms)).take(limit).cloned());
+        stored.extend(self.overlay.timers_below(Some(threshold_ms)).take(limit).map(|(d, k)| (d, k.to_owned())));
         stored.sort_unstable();
         stored.truncate(limit);
         Ok(stored)
@@ -408,8 +423,8 @@ impl Store {
         }
         self.log.append(self.seq + 1, &changes, checkpoint, durable)?;
         self.seq += 1;
-        for change in changes {
-            self.overlay.apply(change.key, change.after);
+        for change in &changes {
+            self.overlay.apply(&change.key, change.after.as_ref());
         }
         self.checkpoint = Some(checkpoint.clone());
         Ok(())
@@ -457,20 +472,25 @@ impl Store {
         // whole, and replaying it sets each key's record whatever sled holds (a page
         // and its index entries are in one chunk, and writing a key's committed record
         // into its page again changes nothing).
-        let mut keys: Vec<&String> = self.overlay.keys().collect();
-        keys.sort_unstable();
+        let changes = self.overlay.sorted();
         let mut batch = sled::Batch::default();
         let (mut pages, mut chunks) = (0, 0);
         let mut i = 0;
-        while i < keys.len() {
-            let (fence, mut page) = self.page_of(keys[i])?.unwrap_or_else(|| (LAST_FENCE.to_vec(), Page::default()));
-            let old_min = page.min_deadline();
+        while i < changes.len() {
+            let (fence, bytes) = match self.tree.range(pages_above(changes[i].0)).next() {
+                Some(entry) => {
+                    let (raw, bytes) = entry.map_err(io("read a page"))?;
+                    (raw[1..].to_vec(), Some(bytes))
+                }
+                None => (LAST_FENCE.to_vec(), None),
+            };
             // The overlay's keys below the fence belong to this page.
-            while i < keys.len() && keys[i].as_bytes() < fence.as_slice() {
-                page.set(keys[i], self.overlay.get(keys[i]).flatten().cloned());
+            let start = i;
+            while i < changes.len() && changes[i].0.as_bytes() < fence.as_slice() {
                 i += 1;
             }
-            write_page(&mut batch, fence, page, old_min);
+            let merged = Page::merge(bytes.as_deref(), changes[start..i].iter().copied())?;
+            write_page(&mut batch, fence, merged)?;
             pages += 1;
             if pages == FOLD_CHUNK_PAGES {
                 if chunks == chunks_max {
@@ -521,7 +541,10 @@ impl Store {
                 }
             })
             .filter(move |entry| !matches!(entry, Ok((key, _)) if overlay.holds(key)));
-        let buffered = overlay.sorted_records().into_iter().map(Ok);
+        let buffered = overlay.sorted().into_iter().filter_map(|(key, record)| {
+            let record = record?;
+            Some(codec::decode("overlay record", record).map(|r| (key.to_owned(), r)).map_err(StoreError::from))
+        });
         MergeSorted { a: stored.peekable(), b: buffered.peekable(), le: |x, y| x.0 <= y.0 }
     }
 
@@ -592,13 +615,13 @@ impl Store {
     }
 }
 
-/// Adds a folded page to a sled batch, with its deadline-index entry moved from
-/// `old_min`: split when it outgrew [`PAGE_BYTES_MAX`], removed when it is empty
-/// (except the last page, which every key falls to).
-fn write_page(batch: &mut sled::Batch, fence: Vec<u8>, page: Page, old_min: Option<i64>) {
-    let encoded = (!page.is_empty() || fence == LAST_FENCE).then(|| page.encode());
-    let whole = encoded.as_ref().is_some_and(|e| e.len() <= PAGE_BYTES_MAX);
-    let new_min = page.min_deadline();
+/// Adds a folded page to a sled batch, with its deadline-index entry moved: split
+/// when it outgrew [`PAGE_BYTES_MAX`], removed when it is empty (except the last page,
+/// which every key falls to).
+fn write_page(batch: &mut sled::Batch, fence: Vec<u8>, page: Merged) -> Result<()> {
+    let Merged { bytes, count, old_min, new_min } = page;
+    let keep = count > 0 || fence == LAST_FENCE;
+    let whole = keep && bytes.len() <= PAGE_BYTES_MAX;
     // A page that keeps its fence and its earliest deadline keeps its index entry: most
     // folds move a later deadline of a page, not its earliest (two sled writes saved).
     if !(whole && new_min == old_min)
@@ -606,24 +629,25 @@ fn write_page(batch: &mut sled::Batch, fence: Vec<u8>, page: Page, old_min: Opti
     {
         batch.remove(index_key(min, &fence));
     }
-    let Some(encoded) = encoded else {
+    if !keep {
         batch.remove(page_key(&fence));
-        return;
-    };
-    let len = encoded.len();
+        return Ok(());
+    }
     if whole {
         if let Some(min) = new_min.filter(|_| new_min != old_min) {
             batch.insert(index_key(min, &fence), &[] as &[u8]);
         }
-        batch.insert(page_key(&fence), encoded);
-        return;
+        batch.insert(page_key(&fence), bytes);
+        return Ok(());
     }
-    for (piece_fence, piece) in page.split(fence, len) {
+    let len = bytes.len();
+    for (piece_fence, piece) in Page::decode(&bytes)?.split(fence, len) {
         if let Some(min) = piece.min_deadline() {
             batch.insert(index_key(min, &piece_fence), &[] as &[u8]);
         }
         batch.insert(page_key(&piece_fence), piece.encode());
     }
+    Ok(())
 }
 
 /// The sled range of the pages whose fence is above `key`: the first is its page.
@@ -1029,6 +1053,15 @@ mod model {
                     for key in &keys {
                         assert_eq!(store.get(key).unwrap(), model.committed.get(key).cloned(), "{context} key {key}");
                     }
+                    // Many at once, in no order, with keys never stored among them.
+                    let mut asked: Vec<&str> =
+                        keys.iter().map(String::as_str).filter(|_| rng.range(0, 2) == 0).collect();
+                    asked.extend(["", "key-", "key-99", "zzz"]);
+                    for i in (1..asked.len()).rev() {
+                        asked.swap(i, rng.range(0, i as i64 + 1) as usize);
+                    }
+                    let want: Vec<Option<KeyRecord>> = asked.iter().map(|k| model.committed.get(*k).cloned()).collect();
+                    assert_eq!(store.get_many(&asked).unwrap(), want, "{context}");
                     // The merged views (sled and the unfolded commits) as well.
                     store.check_consistency().unwrap_or_else(|e| panic!("{context}: {e}"));
                     let stored: Vec<(String, KeyRecord)> = store.iter_keys().map(Result::unwrap).collect();
