@@ -6,15 +6,19 @@
 //! times per changed key (the record and two deadline-index entries). A page holds the
 //! records of the keys from its start key up to the next page's start, sorted, and a
 //! page outgrowing [`PAGE_BYTES_MAX`] is split; the deadline index holds one entry per
-//! page (its earliest deadline). So a million keys make some 30 000 pages, and a fold
-//! writes each changed page once.
+//! page (its earliest deadline). So a million small keys make some ten thousand pages,
+//! and a fold writes each changed page once.
+//!
+//! Why 8 KiB: at a million keys, 4, 8 and 16 KiB pages gave about 150k, 190k and 220k
+//! events/s (BENCHMARKS.md); sled's leaves hold up to 16 items and store a leaf over
+//! about 128 KiB as a file of its own, which larger pages would make the rule.
 
 use crate::codec::{self, DecodeError};
 use crate::records::{KeyRecord, KeyRecordRef};
 
 /// A page is split when its encoding grows past this (a few in tests, so that the
 /// model test splits and empties pages all the time).
-pub(crate) const PAGE_BYTES_MAX: usize = if cfg!(test) { 64 } else { 2048 };
+pub(crate) const PAGE_BYTES_MAX: usize = if cfg!(test) { 64 } else { 8192 };
 
 /// The records of one key range, sorted by key.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -47,8 +51,8 @@ impl Page {
         let (mut low, mut high) = (0, view.count);
         while low < high {
             let mid = (low + high) / 2;
-            let (k, record) = view.entry(mid)?;
-            match k.cmp(key) {
+            let (k, record) = view.raw_entry(mid)?;
+            match k.cmp(key.as_bytes()) {
                 std::cmp::Ordering::Less => low = mid + 1,
                 std::cmp::Ordering::Greater => high = mid,
                 std::cmp::Ordering::Equal => return Ok(Some(codec::decode("page record", record)?)),
@@ -235,12 +239,19 @@ impl<'a> View<'a> {
 
     /// The key and the encoded record of entry `i`.
     fn entry(&self, i: usize) -> Result<(&'a str, &'a [u8]), DecodeError> {
+        let (key, record) = self.raw_entry(i)?;
+        let key = std::str::from_utf8(key).map_err(|_| DecodeError::invalid("page", "key is not UTF-8"))?;
+        Ok((key, record))
+    }
+
+    /// [`View::entry`] with the key's UTF-8 unchecked: what a lookup compares (UTF-8
+    /// orders as its bytes).
+    fn raw_entry(&self, i: usize) -> Result<(&'a [u8], &'a [u8]), DecodeError> {
         let at = read_u32(self.bytes, 4 + 4 * i)? as usize;
         let key_len = self.bytes.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize);
         let key_len = key_len.ok_or_else(|| DecodeError::invalid("page", "entry past the end"))?;
         let key =
             self.bytes.get(at + 2..at + 2 + key_len).ok_or_else(|| DecodeError::invalid("page", "key past the end"))?;
-        let key = std::str::from_utf8(key).map_err(|_| DecodeError::invalid("page", "key is not UTF-8"))?;
         let record_len = read_u32(self.bytes, at + 2 + key_len)? as usize;
         let start = at + 6 + key_len;
         let record = self

@@ -166,9 +166,9 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// Pages written into sled by one `apply_batch` of a fold (a few in tests, so that
-/// their folds take several chunks).
-const FOLD_CHUNK_PAGES: usize = if cfg!(test) { 3 } else { 2_000 };
+/// Page bytes written into sled by one `apply_batch` of a fold, about (a few pages in
+/// tests, so that their folds take several chunks): a chunk is held in memory whole.
+const FOLD_CHUNK_BYTES: usize = if cfg!(test) { 3 * PAGE_BYTES_MAX } else { 4 << 20 };
 
 /// Collection steps after each chunk of a fold (each frees up to 8 bags of 64 objects
 /// once their epoch has passed).
@@ -474,7 +474,7 @@ impl Store {
         // into its page again changes nothing).
         let changes = self.overlay.sorted();
         let mut batch = sled::Batch::default();
-        let (mut pages, mut chunks) = (0, 0);
+        let (mut chunk_bytes, mut chunks) = (0, 0);
         let mut i = 0;
         while i < changes.len() {
             let (fence, bytes) = match self.tree.range(pages_above(changes[i].0)).next() {
@@ -490,19 +490,19 @@ impl Store {
                 i += 1;
             }
             let merged = Page::merge(bytes.as_deref(), changes[start..i].iter().copied())?;
+            chunk_bytes += merged.bytes.len().max(1);
             write_page(&mut batch, fence, merged)?;
-            pages += 1;
-            if pages == FOLD_CHUNK_PAGES {
+            if chunk_bytes >= FOLD_CHUNK_BYTES {
                 if chunks == chunks_max {
                     self.db.flush().map_err(io("flush sled"))?;
                     return Ok(());
                 }
                 self.tree.apply_batch(std::mem::take(&mut batch)).map_err(io("fold the redo log into sled"))?;
                 collect_garbage();
-                (pages, chunks) = (0, chunks + 1);
+                (chunk_bytes, chunks) = (0, chunks + 1);
             }
         }
-        if chunks == chunks_max && pages > 0 {
+        if chunks == chunks_max && chunk_bytes > 0 {
             self.db.flush().map_err(io("flush sled"))?;
             return Ok(());
         }
