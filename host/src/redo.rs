@@ -204,6 +204,25 @@ impl RedoLog {
         Ok(())
     }
 
+    /// Moves the log's file to `to`, for a fold on another thread to fold and then
+    /// remove (see [`remove`]), and goes on in a new, empty file at its own path. A
+    /// log whose last append could not be cut back is not moved: a torn frame followed
+    /// by whole commits in the next file would read as damage.
+    pub fn rotate(&mut self, to: &Path) -> Result<(), LogError> {
+        let log_err = |cause| LogError::Io { path: self.path.clone(), cause };
+        if self.broken {
+            return Err(log_err(io::Error::other(
+                "an earlier append failed and could not be undone; reopen the pipeline",
+            )));
+        }
+        std::fs::rename(&self.path, to).map_err(log_err)?;
+        let file = OpenOptions::new().read(true).append(true).create(true).open(&self.path).map_err(log_err)?;
+        sync_parent(&self.path).map_err(log_err)?;
+        self.file = file;
+        self.len = 0;
+        Ok(())
+    }
+
     /// Empties the log, once everything in it is durable elsewhere (folded into sled).
     pub fn clear(&mut self) -> Result<(), LogError> {
         let log_err = |cause| LogError::Io { path: self.path.clone(), cause };
@@ -213,6 +232,22 @@ impl RedoLog {
         self.broken = false;
         Ok(())
     }
+}
+
+/// Removes a rotated log (see [`RedoLog::rotate`]) once everything in it is durable
+/// elsewhere; a log that is not there is already removed.
+pub(crate) fn remove(path: &Path) -> Result<(), LogError> {
+    let log_err = |cause| LogError::Io { path: path.to_owned(), cause };
+    match std::fs::remove_file(path) {
+        Ok(()) => sync_parent(path).map_err(log_err),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(log_err(e)),
+    }
+}
+
+/// Makes a rename or removal in the log's directory durable.
+fn sync_parent(path: &Path) -> io::Result<()> {
+    File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
 }
 
 fn push_frame(buf: &mut Vec<u8>, tag: u8, record: &impl Encode) {

@@ -18,18 +18,29 @@
 //! order, in `apply_batch` chunks that each hold whole pages with their index entries
 //! (a page that outgrows its limit is split, one left empty is removed), the
 //! checkpoint and the folded sequence number with the last chunk; then it flushes
-//! sled, replaces the fold marker and empties the log. It runs when the overlay or the
-//! log outgrows its budget ([`Store::fold_if_due`]), at the end of a run
-//! ([`Store::flush`]) and when the store opens, after replaying the log. Reads see the
-//! overlay first, then sled.
+//! sled, replaces the fold marker and empties the log.
+//!
+//! When the overlay or the log outgrows its budget ([`Store::fold_if_due`]), the fold
+//! runs on a thread of its own while the batches go on: the overlay is set aside for
+//! it, the log is moved aside to `redo.folding.log`, and the next commits go into a new
+//! overlay and a new `redo.log`. Reads see the overlay, then the one being folded, then
+//! sled; the fold changes in sled only the records of the keys it holds (a split moves
+//! the others to a new page, unchanged). When it is done, `redo.folding.log` is
+//! removed; a crash before leaves both logs, and the next open replays them in order.
+//! One fold runs at a time: a fold due while another runs waits for it, so at most two
+//! overlays are held. At the end of a run ([`Store::flush`]) and when the store opens,
+//! after replaying the logs, the fold runs in place.
 //!
 //! Firing timeouts scans the deadline index below the threshold only: the pages whose
-//! earliest deadline has passed, merged with the overlay's timers. O(pages with an
-//! expired timer + overlay entries below the threshold).
+//! earliest deadline has passed, merged with the overlays' timers. O(pages with an
+//! expired timer + overlay entries below the threshold). The scan holds a lock that a
+//! fold takes to apply a chunk, so that it sees each chunk whole.
 
 use std::collections::{BTreeSet, BinaryHeap};
 use std::iter::Peekable;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
 
 use bincode::Decode;
 
@@ -38,7 +49,7 @@ use crate::fold_mark::{self, FoldMark};
 use crate::overlay::Overlay;
 use crate::page::{Merged, PAGE_BYTES_MAX, Page};
 pub use crate::records::{BatchPlan, Checkpoint, Counters, KeyChange, KeyRecord, PipelineIdentity};
-use crate::redo::{LogError, RedoLog};
+use crate::redo::{self, LogError, RedoLog};
 
 const PREFIX_PAGE: u8 = b'p';
 const PREFIX_TIMER: u8 = b't';
@@ -48,6 +59,9 @@ const META_CHECKPOINT: &[u8] = b"mcheckpoint";
 const META_FOLDED: &[u8] = b"mfolded";
 /// The redo log's file name, in sled's directory (sled ignores files it did not make).
 const REDO_LOG: &str = "redo.log";
+/// The redo log a fold on its own thread is folding, moved aside so that commits go on
+/// into a new `redo.log`; removed when that fold is durable.
+const REDO_LOG_FOLDING: &str = "redo.folding.log";
 const META_PLAN: &[u8] = b"mplan";
 const META_PIPELINE: &[u8] = b"mpipeline";
 
@@ -142,12 +156,17 @@ type Result<T> = std::result::Result<T, StoreError>;
 
 /// The sled-backed state store of one pipeline.
 pub struct Store {
-    /// sled's directory (the redo log and the fold marker are in it too).
-    dir: PathBuf,
-    db: sled::Db,
-    tree: sled::Tree,
+    /// sled, and what a fold on another thread needs of it.
+    folder: Folder,
     log: RedoLog,
     overlay: Overlay,
+    /// The overlay a fold on its own thread is writing into sled (reads look here after
+    /// `overlay`, before sled); dropped when that fold is done.
+    folding: Option<Arc<Overlay>>,
+    /// That fold's thread: `Ok(false)` when it stopped short as a crash would (tests).
+    fold_thread: Option<JoinHandle<Result<bool>>>,
+    /// Tests only: where a fold on its own thread stops, as a crash would.
+    background_chunks_max: usize,
     /// The last committed checkpoint (folded or in the log).
     checkpoint: Option<Checkpoint>,
     /// The sequence number of the last commit.
@@ -160,10 +179,34 @@ pub struct Store {
     fail_next_fold: std::sync::atomic::AtomicBool,
 }
 
+impl Drop for Store {
+    /// A fold on its own thread is waited for, so that the next open finds sled and
+    /// the logs as that fold left them; what it returns the next open would find too.
+    fn drop(&mut self) {
+        if let Some(thread) = self.fold_thread.take() {
+            let _done = thread.join();
+        }
+    }
+}
+
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store").field("seq", &self.seq).field("log_bytes", &self.log.len()).finish_non_exhaustive()
     }
+}
+
+/// sled's database and tree, with what a fold needs besides: shared by the store and
+/// the fold on its own thread.
+#[derive(Clone)]
+struct Folder {
+    /// sled's directory (the redo logs and the fold marker are in it too).
+    dir: PathBuf,
+    db: sled::Db,
+    tree: sled::Tree,
+    /// Held while a fold applies a chunk and while [`Store::expired_timers`] walks the
+    /// deadline index and the pages it names, so that the walk sees each chunk whole
+    /// (sled makes each single read atomic, not a walk).
+    pages: Arc<Mutex<()>>,
 }
 
 /// Page bytes written into sled by one `apply_batch` of a fold, about (a few pages in
@@ -257,7 +300,7 @@ impl Store {
         check_fold_mark(dir, folded, checkpoint.as_ref())?;
         let mut overlay = Overlay::default();
         let (mut seq, mut last_checkpoint) = (folded, checkpoint);
-        let log = RedoLog::open(&dir.join(REDO_LOG), |commit| {
+        let mut replay = |commit: crate::redo::Replayed| {
             if commit.seq <= folded {
                 // Folded already: the run stopped between the fold and emptying the log.
                 return Ok(());
@@ -274,13 +317,21 @@ impl Store {
             seq = commit.seq;
             last_checkpoint = Some(commit.checkpoint);
             Ok(())
-        })?;
+        };
+        // A log that a fold on its own thread had not finished folding holds the
+        // commits before those of `redo.log`.
+        let folding_log = dir.join(REDO_LOG_FOLDING);
+        if folding_log.exists() {
+            RedoLog::open(&folding_log, &mut replay)?;
+        }
+        let log = RedoLog::open(&dir.join(REDO_LOG), &mut replay)?;
         let mut store = Self {
-            dir: dir.to_owned(),
-            db,
-            tree,
+            folder: Folder { dir: dir.to_owned(), db, tree, pages: Arc::default() },
             log,
             overlay,
+            folding: None,
+            fold_thread: None,
+            background_chunks_max: usize::MAX,
             checkpoint: last_checkpoint,
             seq,
             buffer_bytes,
@@ -298,12 +349,12 @@ impl Store {
 
     /// The pipeline identity recorded at the first run, if any.
     pub fn pipeline_identity(&self) -> Result<Option<PipelineIdentity>> {
-        read_meta(&self.tree, "pipeline identity", META_PIPELINE)
+        read_meta(&self.folder.tree, "pipeline identity", META_PIPELINE)
     }
 
     /// Records the pipeline identity (first run only).
     pub fn set_pipeline_identity(&self, id: &PipelineIdentity) -> Result<()> {
-        self.tree.insert(META_PIPELINE, codec::encode(id)).map_err(io("write pipeline identity"))?;
+        self.folder.tree.insert(META_PIPELINE, codec::encode(id)).map_err(io("write pipeline identity"))?;
         Ok(())
     }
 
@@ -312,13 +363,13 @@ impl Store {
     /// such a plan is not pending.
     pub fn pending_plan(&self) -> Result<Option<BatchPlan>> {
         let next = self.checkpoint.as_ref().map_or(0, |c| c.next_batch_id);
-        Ok(read_meta::<BatchPlan>(&self.tree, "batch plan", META_PLAN)?.filter(|plan| plan.batch_id >= next))
+        Ok(read_meta::<BatchPlan>(&self.folder.tree, "batch plan", META_PLAN)?.filter(|plan| plan.batch_id >= next))
     }
 
     /// Writes the plan of the batch about to run (before any of its effects).
     pub fn write_plan(&self, plan: &BatchPlan) -> Result<()> {
         assert!(plan.start_offset <= plan.end_offset, "plan with a negative range: {plan:?}");
-        self.tree.insert(META_PLAN, codec::encode(plan)).map_err(io("write batch plan"))?;
+        self.folder.tree.insert(META_PLAN, codec::encode(plan)).map_err(io("write batch plan"))?;
         Ok(())
     }
 
@@ -335,7 +386,7 @@ impl Store {
         let mut out = vec![None; keys.len()];
         let mut stored: Vec<usize> = Vec::with_capacity(keys.len());
         for (i, key) in keys.iter().enumerate() {
-            match self.overlay.get(key) {
+            match self.buffered_record(key) {
                 Some(record) => out[i] = record.map(|bytes| codec::decode("overlay record", bytes)).transpose()?,
                 None => stored.push(i),
             }
@@ -345,7 +396,7 @@ impl Store {
         for i in stored {
             let key = keys[i];
             if page.as_ref().is_none_or(|(raw, _)| key.as_bytes() >= &raw[1..]) {
-                match self.tree.range(pages_above(key)).next() {
+                match self.folder.tree.range(pages_above(key)).next() {
                     Some(entry) => page = Some(entry.map_err(io("read a page"))?),
                     // No page above this key, so none above the later ones either.
                     None => break,
@@ -369,9 +420,12 @@ impl Store {
         // heap is full and a page's earliest deadline is past the heap's latest, no
         // later page has anything earlier.
         let mut earliest: BinaryHeap<(i64, String)> = BinaryHeap::with_capacity(limit + 1);
+        // A fold on its own thread applies no chunk while the index and its pages are
+        // walked: the walk would miss a page it splits or find one it removes.
+        let walk = self.folder.pages.lock().unwrap_or_else(PoisonError::into_inner);
         let mut end = vec![PREFIX_TIMER];
         end.extend_from_slice(&ordered_i64(threshold_ms));
-        for entry in self.tree.range(vec![PREFIX_TIMER]..end) {
+        for entry in self.folder.tree.range(vec![PREFIX_TIMER]..end) {
             let (page_min, fence) = parse_index_key(&entry.map_err(io("scan the deadline index"))?.0)?;
             if earliest.len() == limit && earliest.peek().is_some_and(|latest| page_min > latest.0) {
                 break;
@@ -379,7 +433,7 @@ impl Store {
             let page = self.read_page(&fence)?;
             for (key, record) in page.entries() {
                 let Some(deadline) = record.timeout_ms.filter(|d| *d < threshold_ms) else { continue };
-                if self.overlay.holds(key) {
+                if self.buffered(key) {
                     continue;
                 }
                 earliest.push((deadline, key.clone()));
@@ -388,7 +442,12 @@ impl Store {
                 }
             }
         }
+        drop(walk);
         let mut stored = earliest.into_sorted_vec();
+        if let Some(folding) = &self.folding {
+            let timers = folding.timers_below(Some(threshold_ms)).filter(|(_, k)| !self.overlay.holds(k));
+            stored.extend(timers.take(limit).map(|(d, k)| (d, k.to_owned())));
+        }
         stored.extend(self.overlay.timers_below(Some(threshold_ms)).take(limit).map(|(d, k)| (d, k.to_owned())));
         stored.sort_unstable();
         stored.truncate(limit);
@@ -397,7 +456,7 @@ impl Store {
 
     /// The page with this fence, which the deadline index names.
     fn read_page(&self, fence: &[u8]) -> Result<Page> {
-        match self.tree.get(page_key(fence)).map_err(io("read a page"))? {
+        match self.folder.tree.get(page_key(fence)).map_err(io("read a page"))? {
             Some(bytes) => Ok(Page::decode(&bytes)?),
             None => Err(StoreError::Corrupt(format!(
                 "the deadline index names a missing page {:?}",
@@ -430,13 +489,67 @@ impl Store {
         Ok(())
     }
 
-    /// Folds into sled when the buffered changes or the log outgrow their budget. A
-    /// failure leaves every commit in the log: the next open replays it.
+    /// Starts a fold on a thread of its own when the buffered changes or the log outgrow
+    /// their budget: the overlay is set aside for it (reads still see it) and the log
+    /// moves aside to `redo.folding.log`, so that the next commits go on into a new
+    /// overlay and log meanwhile. When the previous fold has not finished, this waits
+    /// for it first, so at most two overlays are held. A fold that failed is reported
+    /// here, by the call after it; every commit stays in the logs, and the next open
+    /// replays them.
     pub fn fold_if_due(&mut self) -> Result<()> {
-        if self.overlay.bytes() > self.buffer_bytes || self.log.len() > self.log_bytes {
-            self.fold()?;
+        if self.fold_thread.as_ref().is_some_and(JoinHandle::is_finished) {
+            self.settle()?;
         }
+        if self.overlay.bytes() <= self.buffer_bytes && self.log.len() <= self.log_bytes {
+            return Ok(());
+        }
+        self.start_fold()
+    }
+
+    /// Starts a fold of the overlay on a thread of its own (see [`Store::fold_if_due`]).
+    fn start_fold(&mut self) -> Result<()> {
+        self.settle()?;
+        if self.folding.is_some() {
+            // A fold that stopped short (tests): nothing more is folded until a reopen.
+            return Ok(());
+        }
+        self.check_injected_failure()?;
+        let folding_log = self.folder.dir.join(REDO_LOG_FOLDING);
+        self.log.rotate(&folding_log)?;
+        let overlay = Arc::new(std::mem::take(&mut self.overlay));
+        self.folding = Some(Arc::clone(&overlay));
+        let (folder, checkpoint, seq, chunks_max) =
+            (self.folder.clone(), self.checkpoint.clone(), self.seq, self.background_chunks_max);
+        let thread = std::thread::Builder::new()
+            .name("groupstate-fold".into())
+            .spawn(move || {
+                let done = folder.fold(&overlay, checkpoint.as_ref(), seq, chunks_max)?;
+                if done {
+                    redo::remove(&folding_log)?;
+                }
+                Ok(done)
+            })
+            .map_err(|cause| StoreError::Log { path: self.folder.dir.clone(), cause })?;
+        self.fold_thread = Some(thread);
         Ok(())
+    }
+
+    /// Waits for the fold on its own thread, if one runs, and drops its overlay once
+    /// it is done.
+    fn settle(&mut self) -> Result<()> {
+        let Some(thread) = self.fold_thread.take() else {
+            return Ok(());
+        };
+        match thread.join() {
+            Ok(Ok(true)) => {
+                self.folding = None;
+                Ok(())
+            }
+            // Stopped short as a crash would (tests): its overlay stays for reads.
+            Ok(Ok(false)) => Ok(()),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(StoreError::Corrupt("the fold thread panicked; the next open replays the redo log".into())),
+        }
     }
 
     /// Makes the next fold fail before it writes anything, as a failing disk would
@@ -446,8 +559,19 @@ impl Store {
         self.fail_next_fold.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Writes the overlay and the checkpoint into sled (in chunks, see the module
-    /// doc), flushes sled, then empties the redo log.
+    /// The failure [`Store::fail_next_fold`] asked for, once.
+    fn check_injected_failure(&self) -> Result<()> {
+        if self.fail_next_fold.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            return Err(StoreError::Log {
+                path: self.folder.dir.clone(),
+                cause: std::io::Error::other("fold failed (injected by a test)"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Writes everything committed into sled here and now (see the module doc), after
+    /// the fold on its own thread if one runs, then empties the redo logs.
     fn fold(&mut self) -> Result<()> {
         self.fold_chunks(usize::MAX)
     }
@@ -455,69 +579,23 @@ impl Store {
     /// A fold that stops (as a crash would) after `chunks_max` chunks when the overlay
     /// has more.
     fn fold_chunks(&mut self, chunks_max: usize) -> Result<()> {
-        if self.log.len() == 0 {
+        self.settle()?;
+        if self.folding.is_some() {
+            return Err(StoreError::Corrupt("a fold stopped short; reopen the store".into()));
+        }
+        let folding_log = self.folder.dir.join(REDO_LOG_FOLDING);
+        if self.log.len() == 0 && !folding_log.exists() {
             // Nothing committed since the last fold (the overlay fills only through
             // the log).
-            self.db.flush().map_err(io("flush sled"))?;
+            self.folder.db.flush().map_err(io("flush sled"))?;
             return Ok(());
         }
-        if self.fail_next_fold.swap(false, std::sync::atomic::Ordering::Relaxed) {
-            return Err(StoreError::Log {
-                path: self.dir.clone(),
-                cause: std::io::Error::other("fold failed (injected by a test)"),
-            });
+        self.check_injected_failure()?;
+        if self.folder.fold(&self.overlay, self.checkpoint.as_ref(), self.seq, chunks_max)? {
+            redo::remove(&folding_log)?;
+            self.log.clear()?;
+            self.overlay = Overlay::default();
         }
-        // Page by page in key order, in chunks: sled's cost and memory for one batch
-        // grow faster than its size. A crash between chunks is safe: the log is still
-        // whole, and replaying it sets each key's record whatever sled holds (a page
-        // and its index entries are in one chunk, and writing a key's committed record
-        // into its page again changes nothing).
-        let changes = self.overlay.sorted();
-        let mut batch = sled::Batch::default();
-        let (mut chunk_bytes, mut chunks) = (0, 0);
-        let mut i = 0;
-        while i < changes.len() {
-            let (fence, bytes) = match self.tree.range(pages_above(changes[i].0)).next() {
-                Some(entry) => {
-                    let (raw, bytes) = entry.map_err(io("read a page"))?;
-                    (raw[1..].to_vec(), Some(bytes))
-                }
-                None => (LAST_FENCE.to_vec(), None),
-            };
-            // The overlay's keys below the fence belong to this page.
-            let start = i;
-            while i < changes.len() && changes[i].0.as_bytes() < fence.as_slice() {
-                i += 1;
-            }
-            let merged = Page::merge(bytes.as_deref(), changes[start..i].iter().copied())?;
-            chunk_bytes += merged.bytes.len().max(1);
-            write_page(&mut batch, fence, merged)?;
-            if chunk_bytes >= FOLD_CHUNK_BYTES {
-                if chunks == chunks_max {
-                    self.db.flush().map_err(io("flush sled"))?;
-                    return Ok(());
-                }
-                self.tree.apply_batch(std::mem::take(&mut batch)).map_err(io("fold the redo log into sled"))?;
-                collect_garbage();
-                (chunk_bytes, chunks) = (0, chunks + 1);
-            }
-        }
-        if chunks == chunks_max && chunk_bytes > 0 {
-            self.db.flush().map_err(io("flush sled"))?;
-            return Ok(());
-        }
-        if let Some(checkpoint) = &self.checkpoint {
-            batch.insert(META_CHECKPOINT, codec::encode(checkpoint));
-        }
-        batch.insert(META_FOLDED, codec::encode(&self.seq));
-        self.tree.apply_batch(batch).map_err(io("fold the redo log into sled"))?;
-        collect_garbage();
-        self.db.flush().map_err(io("flush sled"))?;
-        // The marker says what sled now holds, before the log that also holds it goes.
-        let mark = FoldMark { seq: self.seq, digest: checkpoint_digest(self.checkpoint.as_ref()) };
-        fold_mark::write(&self.dir, mark).map_err(|cause| StoreError::Log { path: self.dir.clone(), cause })?;
-        self.log.clear()?;
-        self.overlay = Overlay::default();
         Ok(())
     }
 
@@ -527,10 +605,13 @@ impl Store {
         self.fold()
     }
 
-    /// All key records in key order (for `groupstate state` and tests).
+    /// All key records in key order (for `groupstate state`, the migration check and
+    /// tests). A fold on its own thread may split pages meanwhile: a split moves keys
+    /// only into a new page below the old one's fence, which the scan has not passed
+    /// yet, and the keys whose records the fold changes come from its overlay.
     pub fn iter_keys(&self) -> impl Iterator<Item = Result<(String, KeyRecord)>> + '_ {
-        let overlay = &self.overlay;
         let stored = self
+            .folder
             .tree
             .scan_prefix([PREFIX_PAGE])
             .flat_map(|entry| {
@@ -540,12 +621,24 @@ impl Store {
                     Err(e) => vec![Err(e)],
                 }
             })
-            .filter(move |entry| !matches!(entry, Ok((key, _)) if overlay.holds(key)));
-        let buffered = overlay.sorted().into_iter().filter_map(|(key, record)| {
-            let record = record?;
-            Some(codec::decode("overlay record", record).map(|r| (key.to_owned(), r)).map_err(StoreError::from))
-        });
+            .filter(move |entry| !matches!(entry, Ok((key, _)) if self.buffered(key)));
+        let overlay = &self.overlay;
+        let folding = self.folding.as_deref().map(Overlay::sorted).unwrap_or_default();
+        let folding = decoded_records(folding.into_iter().filter(move |(key, _)| !overlay.holds(key)));
+        let buffered = decoded_records(overlay.sorted().into_iter());
+        let buffered = MergeSorted { a: folding.peekable(), b: buffered.peekable(), le: |x, y| x.0 <= y.0 };
         MergeSorted { a: stored.peekable(), b: buffered.peekable(), le: |x, y| x.0 <= y.0 }
+    }
+
+    /// Whether a key's committed record is in one of the overlays (and not in sled).
+    fn buffered(&self, key: &str) -> bool {
+        self.overlay.holds(key) || self.folding.as_ref().is_some_and(|f| f.holds(key))
+    }
+
+    /// The committed record of `key` if one of the overlays has it (see
+    /// [`Overlay::get`]).
+    fn buffered_record(&self, key: &str) -> Option<Option<&[u8]>> {
+        self.overlay.get(key).or_else(|| self.folding.as_ref()?.get(key))
     }
 
     /// All timers in (deadline, key) order. They are collected and sorted in memory: for
@@ -572,11 +665,17 @@ impl Store {
     /// Checks that the pages, the deadline index and the overlay agree (tests and
     /// inspection): pages in order, each holding only keys of its range, none empty but
     /// the first, and one index entry per page with a timer, at its earliest deadline.
+    /// A fold on its own thread applies no chunk meanwhile: sled is checked as it is
+    /// between two chunks, which must be consistent too.
     pub fn check_consistency(&self) -> Result<()> {
+        if let Some(folding) = &self.folding {
+            folding.check().map_err(StoreError::Corrupt)?;
+        }
+        let _walk = self.folder.pages.lock().unwrap_or_else(PoisonError::into_inner);
         let mut want_index = BTreeSet::new();
         let mut lower: Vec<u8> = Vec::new();
         let mut last_fence = None;
-        for entry in self.tree.scan_prefix([PREFIX_PAGE]) {
+        for entry in self.folder.tree.scan_prefix([PREFIX_PAGE]) {
             let (raw, bytes) = entry.map_err(io("scan pages"))?;
             let fence = raw[1..].to_vec();
             let page = Page::decode(&bytes)?;
@@ -601,7 +700,7 @@ impl Store {
             return Err(StoreError::Corrupt("the last page's fence is not above every key".into()));
         }
         let mut index = BTreeSet::new();
-        for entry in self.tree.scan_prefix([PREFIX_TIMER]) {
+        for entry in self.folder.tree.scan_prefix([PREFIX_TIMER]) {
             index.insert(parse_index_key(&entry.map_err(io("scan the deadline index"))?.0)?);
         }
         if index != want_index {
@@ -648,6 +747,71 @@ fn write_page(batch: &mut sled::Batch, fence: Vec<u8>, page: Merged) -> Result<(
         batch.insert(page_key(&piece_fence), piece.encode());
     }
     Ok(())
+}
+
+impl Folder {
+    /// Writes `overlay`, and `checkpoint` as that of commit `seq`, into sled: page by
+    /// page in key order, in chunks (sled's cost and memory for one batch grow faster
+    /// than its size); then flushes sled and replaces the fold marker. Returns `false`
+    /// when it stopped after `chunks_max` chunks, as a crash would (tests). A crash
+    /// between chunks is safe: the logs are still whole, and replaying them sets each
+    /// key's record whatever sled holds (a page and its index entries are in one chunk,
+    /// and writing a key's committed record into its page again changes nothing).
+    fn fold(&self, overlay: &Overlay, checkpoint: Option<&Checkpoint>, seq: u64, chunks_max: usize) -> Result<bool> {
+        let changes = overlay.sorted();
+        let mut batch = sled::Batch::default();
+        let (mut chunk_bytes, mut chunks) = (0, 0);
+        let mut i = 0;
+        while i < changes.len() {
+            let (fence, bytes) = match self.tree.range(pages_above(changes[i].0)).next() {
+                Some(entry) => {
+                    let (raw, bytes) = entry.map_err(io("read a page"))?;
+                    (raw[1..].to_vec(), Some(bytes))
+                }
+                None => (LAST_FENCE.to_vec(), None),
+            };
+            // The overlay's keys below the fence belong to this page.
+            let start = i;
+            while i < changes.len() && changes[i].0.as_bytes() < fence.as_slice() {
+                i += 1;
+            }
+            let merged = Page::merge(bytes.as_deref(), changes[start..i].iter().copied())?;
+            chunk_bytes += merged.bytes.len().max(1);
+            write_page(&mut batch, fence, merged)?;
+            if chunk_bytes >= FOLD_CHUNK_BYTES {
+                if chunks == chunks_max {
+                    self.db.flush().map_err(io("flush sled"))?;
+                    return Ok(false);
+                }
+                self.apply(std::mem::take(&mut batch))?;
+                (chunk_bytes, chunks) = (0, chunks + 1);
+            }
+        }
+        if chunks == chunks_max && chunk_bytes > 0 {
+            self.db.flush().map_err(io("flush sled"))?;
+            return Ok(false);
+        }
+        if let Some(checkpoint) = checkpoint {
+            batch.insert(META_CHECKPOINT, codec::encode(checkpoint));
+        }
+        batch.insert(META_FOLDED, codec::encode(&seq));
+        self.apply(batch)?;
+        self.db.flush().map_err(io("flush sled"))?;
+        // The marker says what sled now holds, before the logs that also hold it go.
+        let mark = FoldMark { seq, digest: checkpoint_digest(checkpoint) };
+        fold_mark::write(&self.dir, mark).map_err(|cause| StoreError::Log { path: self.dir.clone(), cause })?;
+        Ok(true)
+    }
+
+    /// Applies one chunk of a fold, whole to any walk of the pages (see `pages`).
+    fn apply(&self, batch: sled::Batch) -> Result<()> {
+        {
+            let _walks_wait = self.pages.lock().unwrap_or_else(PoisonError::into_inner);
+            self.tree.apply_batch(batch).map_err(io("fold the redo log into sled"))?;
+        }
+        collect_garbage();
+        Ok(())
+    }
 }
 
 /// The sled range of the pages whose fence is above `key`: the first is its page.
@@ -698,6 +862,16 @@ fn read_meta<T: Decode<()>>(tree: &sled::Tree, name: &'static str, key: &[u8]) -
         Some(bytes) => Ok(Some(codec::decode(name, &bytes)?)),
         None => Ok(None),
     }
+}
+
+/// Decodes an overlay's sorted records, leaving out its deletions.
+fn decoded_records<'o>(
+    entries: impl Iterator<Item = (&'o str, Option<&'o [u8]>)> + 'o,
+) -> impl Iterator<Item = Result<(String, KeyRecord)>> + 'o {
+    entries.filter_map(|(key, record)| {
+        let record = record?;
+        Some(codec::decode("overlay record", record).map(|r| (key.to_owned(), r)).map_err(StoreError::from))
+    })
 }
 
 /// Two iterators sorted by `le`, merged into one sorted iterator (an error comes out
@@ -981,6 +1155,29 @@ mod model {
         (!r.is_empty()).then_some(r)
     }
 
+    /// Commits the model's pending changes as one batch, and folds when due.
+    fn commit_pending(store: &mut Store, model: &mut Model, rng: &mut Rng) {
+        let changes: Vec<KeyChange> = model
+            .pending
+            .iter()
+            .map(|(k, after)| KeyChange {
+                key: k.clone(),
+                before: model.committed.get(k).cloned(),
+                after: after.clone(),
+            })
+            .collect();
+        model.checkpoint.next_batch_id += 1;
+        model.checkpoint.input_offset += rng.range(0, 100) as u64;
+        store.commit(changes, &model.checkpoint, rng.range(0, 2) == 0).unwrap();
+        store.fold_if_due().unwrap();
+        for (k, after) in std::mem::take(&mut model.pending) {
+            match after {
+                Some(r) => model.committed.insert(k, r),
+                None => model.committed.remove(&k),
+            };
+        }
+    }
+
     #[test]
     fn random_operations_with_reboots_match_the_model() {
         for seed in 0..8u64 {
@@ -1001,27 +1198,7 @@ mod model {
                         model.pending.insert(key.clone(), after);
                     }
                     // Commit the batch.
-                    60..=79 => {
-                        let changes: Vec<KeyChange> = model
-                            .pending
-                            .iter()
-                            .map(|(k, after)| KeyChange {
-                                key: k.clone(),
-                                before: model.committed.get(k).cloned(),
-                                after: after.clone(),
-                            })
-                            .collect();
-                        model.checkpoint.next_batch_id += 1;
-                        model.checkpoint.input_offset += rng.range(0, 100) as u64;
-                        store.commit(changes, &model.checkpoint, rng.range(0, 2) == 0).unwrap();
-                        store.fold_if_due().unwrap();
-                        for (k, after) in std::mem::take(&mut model.pending) {
-                            match after {
-                                Some(r) => model.committed.insert(k, r),
-                                None => model.committed.remove(&k),
-                            };
-                        }
-                    }
+                    60..=79 => commit_pending(&mut store, &mut model, &mut rng),
                     // Fire: the expired timers must be exactly the model's, in order.
                     80..=91 => {
                         let threshold = rng.range(-60, 1100);
@@ -1038,8 +1215,16 @@ mod model {
                     // Reboot: the uncommitted batch is lost, the rest survives; at
                     // times the crash comes in the middle of a fold.
                     _ => {
-                        if rng.range(0, 2) == 0 {
-                            store.fold_chunks(rng.range(0, 4) as usize).unwrap();
+                        match rng.range(0, 3) {
+                            0 => store.fold_chunks(rng.range(0, 4) as usize).unwrap(),
+                            // A fold on its own thread, stopped short, while a commit
+                            // goes on into the new log.
+                            1 => {
+                                store.background_chunks_max = rng.range(0, 4) as usize;
+                                store.start_fold().unwrap();
+                                commit_pending(&mut store, &mut model, &mut rng);
+                            }
+                            _ => {}
                         }
                         drop(store);
                         store = Store::open(dir.path(), 1 << 20, buffer, buffer).unwrap();

@@ -64,6 +64,8 @@ fn kill_9_at_random_moments_loses_and_doubles_nothing() {
     let mut restarts = 0u32;
     // Restarts that found commits in the redo log (not yet folded into sled).
     let mut logs_replayed = 0u32;
+    // Kills that landed while a fold ran on its own thread (its log still aside).
+    let mut folds_cut = 0u32;
     loop {
         restarts += 1;
         assert!(restarts < KILLS + 100, "the run never finished");
@@ -91,6 +93,7 @@ fn kill_9_at_random_moments_loses_and_doubles_nothing() {
                 // the kill left it.
                 let copy = dir.path().join(format!("check-{kills}"));
                 copy_dir(&crashed.join("state").join("store"), &copy);
+                folds_cut += u32::from(copy.join("redo.folding.log").exists());
                 let store = Store::open(&copy, 1 << 20, 1 << 20, 1 << 20)
                     .unwrap_or_else(|e| panic!("seed {seed}: state dir unopenable after kill {kills}: {e}"));
                 store.check_consistency().unwrap_or_else(|e| panic!("seed {seed}: after kill {kills}: {e}"));
@@ -106,7 +109,7 @@ fn kill_9_at_random_moments_loses_and_doubles_nothing() {
         break;
     }
     println!(
-        "crash test: {kills} kills, {restarts} runs, {logs_replayed} restarts over a non-empty redo log, reference run {reference_ms} ms"
+        "crash test: {kills} kills, {restarts} runs, {logs_replayed} restarts over a non-empty redo log, {folds_cut} in the middle of a fold on its own thread, reference run {reference_ms} ms"
     );
     assert!(kills >= 20, "seed {seed}: only {kills} kills landed");
     assert!(logs_replayed > 0, "seed {seed}: no restart replayed a redo log");
