@@ -392,18 +392,13 @@ impl Store {
             }
         }
         stored.sort_unstable_by(|a, b| keys[*a].cmp(keys[*b]));
-        let mut page: Option<(sled::IVec, sled::IVec)> = None;
+        let mut pages = PageCursor::new(&self.folder.tree);
         for i in stored {
             let key = keys[i];
-            if page.as_ref().is_none_or(|(raw, _)| key.as_bytes() >= &raw[1..]) {
-                match self.folder.tree.range(pages_above(key)).next() {
-                    Some(entry) => page = Some(entry.map_err(io("read a page"))?),
-                    // No page above this key, so none above the later ones either.
-                    None => break,
-                }
-            }
-            if let Some((_, bytes)) = &page {
-                out[i] = Page::lookup(bytes, key)?;
+            match pages.page_of(key)? {
+                Some((_, bytes)) => out[i] = Page::lookup(bytes, key)?,
+                // No page above this key, so none above the later ones either.
+                None => break,
             }
         }
         Ok(out)
@@ -761,13 +756,13 @@ impl Folder {
         let changes = overlay.sorted();
         let mut batch = sled::Batch::default();
         let (mut chunk_bytes, mut chunks) = (0, 0);
+        // The pages ahead of the chunks applied so far are as they were: only this fold
+        // writes pages, in key order.
+        let mut pages = PageCursor::new(&self.tree);
         let mut i = 0;
         while i < changes.len() {
-            let (fence, bytes) = match self.tree.range(pages_above(changes[i].0)).next() {
-                Some(entry) => {
-                    let (raw, bytes) = entry.map_err(io("read a page"))?;
-                    (raw[1..].to_vec(), Some(bytes))
-                }
+            let (fence, bytes) = match pages.page_of(changes[i].0)? {
+                Some((raw, bytes)) => (raw[1..].to_vec(), Some(bytes.clone())),
                 None => (LAST_FENCE.to_vec(), None),
             };
             // The overlay's keys below the fence belong to this page.
@@ -811,6 +806,52 @@ impl Folder {
         }
         collect_garbage();
         Ok(())
+    }
+}
+
+/// Pages read in key order through one sled iterator. A sled iterator keeps a copy of
+/// the leaf it is in, where a new `range` for each page copies its leaf each time
+/// (sled's leaves hold up to 16 items): a key a few pages ahead is reached by stepping,
+/// one farther by a new search.
+struct PageCursor<'t> {
+    tree: &'t sled::Tree,
+    iter: Option<sled::Iter>,
+    /// The last page read (its sled key, its bytes).
+    page: Option<(sled::IVec, sled::IVec)>,
+}
+
+/// Pages a [`PageCursor`] steps over before it searches anew.
+const CURSOR_STEPS_MAX: usize = 8;
+
+impl<'t> PageCursor<'t> {
+    fn new(tree: &'t sled::Tree) -> Self {
+        Self { tree, iter: None, page: None }
+    }
+
+    /// The page whose range holds `key` (its sled key and bytes), or `None` when no
+    /// page is above it; `key` is at or above the keys asked before.
+    fn page_of(&mut self, key: &str) -> Result<Option<&(sled::IVec, sled::IVec)>> {
+        let above = |page: &(sled::IVec, sled::IVec)| key.as_bytes() < &page.0[1..];
+        if self.page.as_ref().is_some_and(above) {
+            return Ok(self.page.as_ref());
+        }
+        if let Some(iter) = &mut self.iter {
+            for _ in 0..CURSOR_STEPS_MAX {
+                let Some(entry) = iter.next() else {
+                    // The pages end here: none is above `key`.
+                    self.page = None;
+                    return Ok(None);
+                };
+                let page = entry.map_err(io("read a page"))?;
+                if above(&page) {
+                    return Ok(Some(self.page.insert(page)));
+                }
+            }
+        }
+        let mut iter = self.tree.range(pages_above(key));
+        self.page = iter.next().transpose().map_err(io("read a page"))?;
+        self.iter = Some(iter);
+        Ok(self.page.as_ref())
     }
 }
 
