@@ -5,6 +5,7 @@
 //! Start at [`pipeline::Pipeline`]; ARCHITECTURE.md has the map.
 
 pub mod admin;
+pub mod allocator;
 pub mod clock;
 pub mod codec;
 pub mod config;

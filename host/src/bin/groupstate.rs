@@ -270,6 +270,7 @@ fn new_project(args: NewArgs) -> Result<()> {
 }
 
 fn main() {
+    groupstate::allocator::return_freed_memory_sooner();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(*args),
