@@ -300,7 +300,7 @@ impl Store {
         check_fold_mark(dir, folded, checkpoint.as_ref())?;
         let mut overlay = Overlay::default();
         let (mut seq, mut last_checkpoint) = (folded, checkpoint);
-        let mut replay = |commit: crate::redo::Replayed| {
+        let mut replay = |commit: redo::Replayed| {
             if commit.seq <= folded {
                 // Folded already: the run stopped between the fold and emptying the log.
                 return Ok(());
@@ -505,7 +505,9 @@ impl Store {
     fn start_fold(&mut self) -> Result<()> {
         self.settle()?;
         if self.folding.is_some() {
-            // A fold that stopped short (tests): nothing more is folded until a reopen.
+            // A fold that failed (reported already) or stopped short (tests): its
+            // overlay stays for reads, and nothing more is folded until a reopen
+            // replays both logs.
             return Ok(());
         }
         self.check_injected_failure()?;
@@ -576,7 +578,9 @@ impl Store {
     fn fold_chunks(&mut self, chunks_max: usize) -> Result<()> {
         self.settle()?;
         if self.folding.is_some() {
-            return Err(StoreError::Corrupt("a fold stopped short; reopen the store".into()));
+            return Err(StoreError::Corrupt(
+                "an earlier fold failed or stopped short; reopen the store, which replays the redo logs".into(),
+            ));
         }
         let folding_log = self.folder.dir.join(REDO_LOG_FOLDING);
         if self.log.len() == 0 && !folding_log.exists() {
