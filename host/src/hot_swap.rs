@@ -173,7 +173,7 @@ impl SwapController {
             |c: &mut Candidate, from: u32, value: &[u8]| c.plugin.migrate(from, value).map_err(|e| e.to_string());
         match SwapCheck::start(candidate, migrate, plan, label.clone(), origin.clone()) {
             Ok(check) => {
-                eprintln!("groupstate: plugin {label} from {origin}: checking its state migration");
+                tracing::info!("plugin {label} from {origin}: checking its state migration");
                 self.update_status(|s| s.checking = Some(label));
                 self.check = Some(check);
             }
@@ -194,9 +194,11 @@ impl SwapController {
     /// Makes `candidate` the running plugin from batch `batch_id` on; the replaced one
     /// is kept on probation until the new one commits a batch.
     fn swap_in(&mut self, batch_id: u64, candidate: Candidate, label: String) {
-        eprintln!(
-            "groupstate: plugin swapped at batch {batch_id}: {} -> {label} (from {})",
-            self.label, candidate.origin
+        tracing::info!(
+            batch = batch_id,
+            "plugin swapped at batch {batch_id}: {} -> {label} (from {})",
+            self.label,
+            candidate.origin
         );
         let previous = std::mem::replace(&mut self.plugin, candidate.plugin);
         let previous_label = std::mem::replace(&mut self.label, label.clone());
@@ -212,7 +214,7 @@ impl SwapController {
     /// Records that the candidate `label` from `origin` was refused.
     fn refuse(&mut self, label: &str, origin: &str, why: &str) {
         let message = format!("plugin {label} from {origin}: refused: {why}; {} keeps running", self.label);
-        eprintln!("groupstate: {message}");
+        tracing::warn!("{message}");
         self.update_status(|s| {
             s.last_refusal = Some(message);
             s.checking = None;
@@ -227,7 +229,7 @@ impl SwapController {
             return;
         };
         let message = format!("plugin {failed} failed its first batch ({cause}): rolled back to {previous_label}");
-        eprintln!("groupstate: {message}; the batch runs again with it");
+        tracing::warn!(batch = batch_id, "{message}; the batch runs again with it");
         self.plugin = previous;
         self.label = previous_label.clone();
         self.update_status(|s| {

@@ -1,6 +1,8 @@
 //! The engine: plans micro-batches (write-ahead) over batches read and grouped by
 //! `prepare.rs`, calls the plugin per key and per expired timeout, and commits state,
-//! timers, input position and output lengths atomically.
+//! timers, input position and output lengths atomically. What it has to say goes out
+//! as `tracing` events, inside a `batch` span (field `batch`, the batch's id) while a
+//! batch runs; where they go is the binary's choice.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -290,8 +292,13 @@ impl Pipeline {
         })
     }
 
-    /// Plans and runs one batch; `None` when there is nothing to do now.
+    /// Plans and runs one batch; `None` when there is nothing to do now. Everything it
+    /// logs is inside a `batch` span whose `batch` field is the id of the batch it
+    /// plans (a caller that runs several pipelines, one per partition, can enter a span
+    /// with a `partition` field around it).
     pub fn next_batch(&mut self) -> Result<Option<BatchReport>, Error> {
+        let span = tracing::info_span!("batch", batch = self.checkpoint.next_batch_id);
+        let _in_batch = span.enter();
         let budget_ms = self.config.limits.migration_check_ms_max;
         self.swaps.at_boundary(self.checkpoint.next_batch_id, &self.store, budget_ms, self.clock.clone());
         match self.plan_and_run() {
@@ -328,9 +335,7 @@ impl Pipeline {
                 })?;
                 return self.run_plan(plan, prepared, true).map(Some);
             }
-            eprintln!(
-                "groupstate: warning: batch {batch_id} was planned from stdin and cannot be re-read; planning anew"
-            );
+            tracing::warn!("batch {batch_id} was planned from stdin and cannot be re-read; planning anew");
         }
         let watermark_ms = self.next_watermark();
         let prepared = self.prepared(self.new_batch_request(batch_id, start_offset, watermark_ms))?;
@@ -356,9 +361,10 @@ impl Pipeline {
     fn continue_with_rotated_input(&mut self, rotation: crate::source::Rotation) -> Result<(), Error> {
         let next = Checkpoint { input_offset: 0, input_digest: 0, ..self.checkpoint.clone() };
         self.store.commit(Vec::new(), &next, self.config.durable_commits)?;
-        eprintln!(
-            "groupstate: input {} was {rotation} after offset {}: continuing with the file now at that path, from its start",
-            self.config.input, self.checkpoint.input_offset
+        tracing::info!(
+            "input {} was {rotation} after offset {}: continuing with the file now at that path, from its start",
+            self.config.input,
+            self.checkpoint.input_offset
         );
         self.checkpoint = next;
         self.store.fold_if_due().map_err(|cause| Error::Fold { batch_id: self.checkpoint.next_batch_id, cause })
@@ -459,7 +465,7 @@ impl Pipeline {
         if let Err(e) = result {
             // Nothing of the batch is committed: take back what the sinks wrote.
             if let Err(abort) = self.sinks.abort_batch() {
-                eprintln!("groupstate: {abort}");
+                tracing::warn!("{abort}");
             }
             return Err(e);
         }
@@ -485,8 +491,8 @@ impl Pipeline {
         let Some(slow) = self.pace.record(plugin_ns, calls) else {
             return;
         };
-        eprintln!(
-            "groupstate: warning: batch {batch_id}: plugin {} took {} us per call, {}x the median of the last {} batches ({} us); a plugin that spends most of call_cpu_ms_max ({} ms) on every key slows the whole pipeline",
+        tracing::warn!(
+            "batch {batch_id}: plugin {} took {} us per call, {}x the median of the last {} batches ({} us); a plugin that spends most of call_cpu_ms_max ({} ms) on every key slows the whole pipeline",
             self.swaps.label(),
             slow.per_call_ns / 1000,
             slow.per_call_ns / slow.median_ns.max(1),

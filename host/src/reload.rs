@@ -62,10 +62,10 @@ pub fn watch(
                 Ok(plugin) => {
                     let candidate = Candidate { plugin: Box::new(plugin), origin: path.display().to_string() };
                     if let Err(e) = sender.send(candidate) {
-                        eprintln!("groupstate: new plugin version in {} not queued: {e}", path.display());
+                        tracing::warn!("new plugin version in {} not queued: {e}", path.display());
                     }
                 }
-                Err(e) => eprintln!("groupstate: new plugin version refused, the running one goes on: {e}"),
+                Err(e) => tracing::warn!("new plugin version refused, the running one goes on: {e}"),
             }
         }
     })?;

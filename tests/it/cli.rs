@@ -257,3 +257,57 @@ fn plugin_inspection_lists_interfaces_not_the_resource_types_they_share() {
     assert_eq!(report["info"]["name"], "sensor-alerts");
     assert_eq!(report["forbidden_imports"], serde_json::json!([]));
 }
+
+#[test]
+fn log_lines_in_json_carry_level_target_message_and_the_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    std::fs::write(p("in.jsonl"), "{\"k\":\"a\",\"do\":\"print\"}\n{\"k\":\"b\",\"do\":\"print\"}\n").unwrap();
+    let cache = groupstate_tests::cache_dir().display().to_string();
+    let run = |input: &str, format: &[&str]| {
+        let (output, state) = (p("out.jsonl"), p("state"));
+        let args =
+            ["run", "--plugin", plugins::ADVERSARY, "--input", input, "--output", &output, "--state-dir", &state];
+        let args =
+            args.into_iter().chain(["--key-field", "k", "--cache-dir", &cache, "--batch-events", "1", "--no-fsync"]);
+        let mut command = Command::new(groupstate_bin());
+        command.args(args).env_remove("GROUPSTATE_LOG_FORMAT");
+        if format.is_empty() {
+            command.env("GROUPSTATE_LOG_FORMAT", "json");
+        } else {
+            command.args(format);
+        }
+        let out = command.output().unwrap();
+        let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}")))
+            .collect();
+        (out.status.success(), lines)
+    };
+    let (ok, lines) = run(&p("in.jsonl"), &["--log-format", "json"]);
+    assert!(ok, "{lines:?}");
+    for line in &lines {
+        assert!(["INFO", "WARN", "ERROR"].contains(&line["level"].as_str().unwrap()), "{line}");
+        assert!(line["target"].as_str().unwrap().starts_with("groupstate"), "{line}");
+        assert!(line["time_ms"].as_i64().is_some(), "{line}");
+    }
+    // What the plugin printed in each batch carries the batch.
+    let printed = |key: &str| {
+        let message = format!("plugin adversary key=\"{key}\" stdout: hello on stdout from {key}");
+        lines.iter().find(|l| l["message"] == message.as_str()).unwrap_or_else(|| panic!("{message:?}: {lines:?}"))
+    };
+    assert_eq!((printed("a")["batch"].as_u64(), printed("b")["batch"].as_u64()), (Some(0), Some(1)));
+    let done = lines.iter().find(|l| l["message"].as_str().unwrap().starts_with("done: 2 batches, 2 records")).unwrap();
+    assert_eq!((done["level"].as_str(), done["batches"].as_u64()), (Some("INFO"), Some(2)));
+
+    // GROUPSTATE_LOG_FORMAT does the same, and a failure is a JSON line too.
+    let (ok, lines) = run(&p("missing.jsonl"), &[]);
+    assert!(!ok);
+    let last = lines.last().unwrap();
+    assert_eq!(last["level"], "ERROR");
+    assert!(
+        last["message"].as_str().unwrap().contains("missing.jsonl")
+            && last["message"].as_str().unwrap().contains("check the path"),
+        "{last}"
+    );
+}

@@ -1,6 +1,10 @@
 //! The `groupstate` command line: run a pipeline, generate the sensor workload,
 //! inspect a state dir or a plugin, test a plugin against scenarios, and create a
-//! plugin project.
+//! plugin project. It installs the log's subscriber (`logging.rs`).
+
+// Beside this file, in a folder of its own: a file in src/bin/ would be a binary.
+#[path = "groupstate/logging.rs"]
+mod logging;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -12,6 +16,7 @@ use groupstate::config::{ErrorPolicy, PipelineConfig, Stream, TimeoutKind};
 use groupstate::store::Store;
 use groupstate::workload::{SensorSpec, generate_sensor};
 use groupstate::{Clock, Pipeline, SystemClock};
+use logging::{LogFormat, PROGRESS_TARGET};
 
 /// glibc's malloc slows down badly once sled has churned through millions of small
 /// allocations (batch time grew with the number of idle keys); mimalloc stays flat.
@@ -24,6 +29,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines on stderr are written: text for a person, or json, one object per
+    /// line (time_ms, level, target, message, and fields such as batch).
+    #[arg(long, global = true, value_enum, env = "GROUPSTATE_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -192,7 +201,8 @@ struct RunArgs {
     /// GROUPSTATE_ADMIN_TOKEN.
     #[arg(long, env = "GROUPSTATE_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
-    /// No progress lines.
+    /// No progress lines (plugin ready, batches so far, where the time went); events,
+    /// warnings and the summary stay.
     #[arg(long, short)]
     quiet: bool,
 }
@@ -272,6 +282,8 @@ fn new_project(args: NewArgs) -> Result<()> {
 fn main() {
     groupstate::allocator::return_freed_memory_sooner();
     let cli = Cli::parse();
+    let quiet = matches!(&cli.command, Command::Run(args) if args.quiet);
+    logging::install(cli.log_format, quiet);
     let result = match cli.command {
         Command::Run(args) => run(*args),
         Command::Gen { workload: GenCommand::Sensor { events, sensors, seed, output } } => {
@@ -288,7 +300,7 @@ fn main() {
         if is_broken_pipe(&e) {
             return;
         }
-        eprintln!("groupstate: error: {e:#}");
+        tracing::error!("{e:#}");
         std::process::exit(1);
     }
 }
@@ -311,7 +323,7 @@ fn late_warning(late: u64, records: u64, delay_ms: i64) -> Option<String> {
     let share = late as f64 / records.max(1) as f64;
     (share > LATE_SHARE_WARNING).then(|| {
         format!(
-            "groupstate: warning: {late} of {records} records ({:.1}%) were behind the watermark and went to the late output, unprocessed; if the input is out of order, raise --watermark-delay-ms (now {delay_ms}) to the largest delay you expect",
+            "{late} of {records} records ({:.1}%) were behind the watermark and went to the late output, unprocessed; if the input is out of order, raise --watermark-delay-ms (now {delay_ms}) to the largest delay you expect",
             share * 100.0
         )
     })
@@ -424,9 +436,7 @@ fn run(args: RunArgs) -> Result<()> {
     let started = clock.monotonic_ns();
     let mut pipeline = Pipeline::open(config.clone(), clock.clone())?;
     let opened_ms = (clock.monotonic_ns() - started) / 1_000_000;
-    if !args.quiet {
-        eprintln!("groupstate: plugin {} ready in {opened_ms} ms", pipeline.plugin_label());
-    }
+    tracing::info!(target: PROGRESS_TARGET, "plugin {} ready in {opened_ms} ms", pipeline.plugin_label());
     // Kept until the run ends: dropping it stops the admin endpoint.
     let _hot_load = start_hot_load(&args, admin_listen, &config, &pipeline)?;
     let mut last_report = clock.monotonic_ns();
@@ -442,15 +452,17 @@ fn run(args: RunArgs) -> Result<()> {
             && records >= 100_000
             && let Some(warning) = late_warning(late, records, config.watermark_delay_ms)
         {
-            eprintln!("{warning}");
+            tracing::warn!("{warning}");
             late_warned = Some(());
         }
         let now = clock.monotonic_ns();
-        if !args.quiet && (now - last_report > 2_000_000_000 || b.replayed) {
+        if now - last_report > 2_000_000_000 || b.replayed {
             last_report = now;
             let secs = (now - started) as f64 / 1e9;
-            eprintln!(
-                "groupstate: batch {}{}: {} records so far ({:.0}/s), {} keys, {} timeouts, watermark {}",
+            tracing::info!(
+                target: PROGRESS_TARGET,
+                batch = b.batch_id,
+                "batch {}{}: {} records so far ({:.0}/s), {} keys, {} timeouts, watermark {}",
                 b.batch_id,
                 if b.replayed { " (replayed after a stop)" } else { "" },
                 records,
@@ -463,8 +475,10 @@ fn run(args: RunArgs) -> Result<()> {
     })?;
     let r = &summary.run;
     let secs = summary.elapsed_ms as f64 / 1000.0;
-    eprintln!(
-        "groupstate: done: {}, {} in {:.2} s ({:.0} records/s); {} to the plugin in {}, {}; {}; {} late, {}, {}; input offset {}, next batch {}",
+    tracing::info!(
+        batches = summary.batches,
+        records = r.records,
+        "done: {}, {} in {:.2} s ({:.0} records/s); {} to the plugin in {}, {}; {}; {} late, {}, {}; input offset {}, next batch {}",
         count(summary.batches, "batch", "batches"),
         count(r.records, "record", "records"),
         secs,
@@ -482,25 +496,24 @@ fn run(args: RunArgs) -> Result<()> {
     if late_warned.is_none()
         && let Some(warning) = late_warning(r.late, r.records, config.watermark_delay_ms)
     {
-        eprintln!("{warning}");
+        tracing::warn!("{warning}");
     }
     let status = pipeline.plugin_status();
     let status = status.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     for (batch, from, to) in &status.swaps {
-        eprintln!("groupstate: plugin swap at batch {batch}: {from} -> {to}");
+        tracing::info!(batch = *batch, "plugin swap at batch {batch}: {from} -> {to}");
     }
-    if !args.quiet {
-        let st = &summary.stages;
-        let ms = |ns: u64| ns / 1_000_000;
-        eprintln!(
-            "groupstate: time: read+decode {} ms (waited for {} ms), state load {} ms, plugin {} ms, commit {} ms",
-            ms(st.read_decode_ns),
-            ms(st.input_wait_ns),
-            ms(st.state_load_ns),
-            ms(st.plugin_ns),
-            ms(st.commit_ns)
-        );
-    }
+    let st = &summary.stages;
+    let ms = |ns: u64| ns / 1_000_000;
+    tracing::info!(
+        target: PROGRESS_TARGET,
+        "time: read+decode {} ms (waited for {} ms), state load {} ms, plugin {} ms, commit {} ms",
+        ms(st.read_decode_ns),
+        ms(st.input_wait_ns),
+        ms(st.state_load_ns),
+        ms(st.plugin_ns),
+        ms(st.commit_ns)
+    );
     Ok(())
 }
 
@@ -545,7 +558,7 @@ fn start_hot_load(
         limits: groupstate::admin::AdminLimits::default(),
     };
     let server = groupstate::admin::serve(listen, admin)?;
-    eprintln!("groupstate: admin endpoint on {} (GET/POST /plugin)", server.listen());
+    tracing::info!("admin endpoint on {} (GET/POST /plugin)", server.listen());
     Ok(HotLoad { _watcher: watcher, _admin: Some(server) })
 }
 
@@ -564,8 +577,8 @@ fn gen_sensor(spec: SensorSpec, output: &PathBuf) -> Result<()> {
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
     generate_sensor(spec, &mut out)?;
     out.flush()?;
-    eprintln!(
-        "groupstate: wrote {} events from {} sensors (seed {}) to {}",
+    tracing::info!(
+        "wrote {} events from {} sensors (seed {}) to {}",
         spec.events,
         spec.sensors,
         spec.seed,

@@ -45,6 +45,12 @@ use bindings::{StateFunction, StateFunctionPre};
 /// reach the host's log, the plugin status and the admin endpoint.
 pub const INFO_TEXT_BYTES_MAX: usize = 128;
 
+/// The `tracing` target of the lines a plugin wrote (its `log` messages, stdout and
+/// stderr), each already prefixed with the plugin's name and the key, escaped and
+/// within `log_bytes_per_call_max`: a subscriber shows them as they are, without the
+/// host's own prefix.
+pub const PLUGIN_OUTPUT_TARGET: &str = "groupstate::plugin::output";
+
 /// What a plugin says about itself (its `info`), made safe to print and to store at
 /// the plugin boundary: control characters in its name and version escaped, each at
 /// most [`INFO_TEXT_BYTES_MAX`] bytes (a clipped one ends with `… (N bytes)`).
@@ -267,7 +273,7 @@ impl EpochTicker {
             }
         });
         if let Err(e) = spawned {
-            eprintln!("groupstate: warning: no epoch ticker ({e}): the CPU limit per call is not enforced");
+            tracing::warn!("no epoch ticker ({e}): the CPU limit per call is not enforced");
         }
         Self { stop }
     }
@@ -387,7 +393,7 @@ impl Runtime {
         if let Some(cache) = &self.cache {
             // A cache that cannot be written only costs a recompile next time.
             if let Err(e) = cache.put(bytes, &component) {
-                eprintln!("groupstate: warning: compiled-plugin cache not written: {e}");
+                tracing::warn!("compiled-plugin cache not written: {e}");
             }
         }
         Ok(component)
@@ -437,8 +443,8 @@ fn check_header(path: &Path, bytes: &[u8]) -> Result<(), PluginError> {
 fn cpu_limit_disabled_for_benchmark() -> bool {
     let disabled = std::env::var_os(BENCH_NO_CPU_LIMIT_ENV).is_some_and(|v| v == "1");
     if disabled {
-        eprintln!(
-            "groupstate: warning: {BENCH_NO_CPU_LIMIT_ENV}=1: plugin calls have no CPU limit (for benchmarks only; a looping plugin hangs the run)"
+        tracing::warn!(
+            "{BENCH_NO_CPU_LIMIT_ENV}=1: plugin calls have no CPU limit (for benchmarks only; a looping plugin hangs the run)"
         );
     }
     disabled

@@ -1,10 +1,11 @@
 //! What a plugin writes for people: its `log` messages and its WASI stdout and stderr.
 //! All three share one budget per call (`log_bytes_per_call_max`): the host keeps what
 //! fits in a buffer, drops and counts the rest, and after the call writes the buffer to
-//! its own log (stderr), each line prefixed with the plugin's name and the key.
+//! its own log, each line prefixed with the plugin's name and the key: one `tracing`
+//! event per line, with the target [`super::PLUGIN_OUTPUT_TARGET`], so that the
+//! binary can show it without the host's own prefix.
 
 use std::fmt;
-use std::io::Write;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
@@ -177,24 +178,21 @@ impl PluginLog {
         (!tail.is_empty()).then(|| escape_unprintable(&clip_chars(&tail, STDERR_TAIL_BYTES_MAX)))
     }
 
-    /// Writes what the plugin wrote during `activity` to the host's stderr and starts
-    /// a new budget.
+    /// Sends what the plugin wrote during `activity` to the host's log, a line per
+    /// event, and starts a new budget.
     pub(super) fn flush(&self, activity: Activity<'_>) {
         let mut buffer = self.lock();
         if buffer.is_empty() {
             return;
         }
-        let stderr = std::io::stderr();
-        let mut out = stderr.lock();
-        // The host's log failing is no reason to fail the pipeline.
-        let _ = buffer.drain_into(&mut out, activity);
+        buffer.drain_into(&mut |line| tracing::info!(target: super::PLUGIN_OUTPUT_TARGET, "{line}"), activity);
     }
 
     #[cfg(test)]
     fn flush_to(&self, activity: Activity<'_>) -> String {
-        let mut out = Vec::new();
-        self.lock().drain_into(&mut out, activity).expect("write to a Vec");
-        String::from_utf8(out).expect("utf-8")
+        let mut out = String::new();
+        self.lock().drain_into(&mut |line| out.push_str(&format!("{line}\n")), activity);
+        out
     }
 }
 
@@ -206,38 +204,35 @@ impl Buffer {
             && self.dropped_bytes == 0
     }
 
-    /// Writes every line, the unfinished ones too, and a count of what was dropped;
-    /// then resets the budget.
-    fn drain_into(&mut self, out: &mut dyn Write, activity: Activity<'_>) -> std::io::Result<()> {
+    /// Hands every line to `out`, the unfinished ones too, and a count of what was
+    /// dropped; then resets the budget.
+    fn drain_into(&mut self, out: &mut dyn FnMut(&str), activity: Activity<'_>) {
         for (stream, source) in [(0, Source::Stdout), (1, Source::Stderr)] {
             if !self.unfinished[stream].is_empty() {
                 let line = String::from_utf8_lossy(&std::mem::take(&mut self.unfinished[stream])).into_owned();
                 self.lines.push((source, line));
             }
         }
-        let result = self.write_lines(out, activity);
+        self.write_lines(out, activity);
         self.lines.clear();
         self.used_bytes = 0;
         self.dropped_messages = 0;
         self.dropped_bytes = 0;
-        result
     }
 
-    fn write_lines(&self, out: &mut dyn Write, activity: Activity<'_>) -> std::io::Result<()> {
+    fn write_lines(&self, out: &mut dyn FnMut(&str), activity: Activity<'_>) {
         for (source, line) in &self.lines {
             if source.stream().is_some() && line.trim().is_empty() {
                 continue; // Blank lines of stdout and stderr say nothing in the host's log.
             }
-            writeln!(out, "plugin {} {activity} {}: {}", self.plugin, source.name(), escape_unprintable(line))?;
+            out(&format!("plugin {} {activity} {}: {}", self.plugin, source.name(), escape_unprintable(line)));
         }
         if self.dropped_messages > 0 || self.dropped_bytes > 0 {
-            writeln!(
-                out,
+            out(&format!(
                 "plugin {} {activity}: dropped {} log messages and {} bytes of stdout/stderr over log_bytes_per_call_max ({})",
                 self.plugin, self.dropped_messages, self.dropped_bytes, self.budget_bytes
-            )?;
+            ));
         }
-        Ok(())
     }
 }
 
