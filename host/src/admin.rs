@@ -1,6 +1,7 @@
 //! The admin endpoint: an HTTP/1.1 server (hyper, on a tokio current-thread runtime on
 //! a thread of its own) that reports the running plugin and accepts a new version for
-//! hot load. It owns its listener and, for a Unix socket, the socket file; its
+//! hot load, and serves the pipeline's metrics. It owns its listener and, for a Unix
+//! socket, the socket file; its
 //! connections and their limits (`AdminLimits`); and the uploads directory.
 //! `AdminServer` is the handle: dropping it stops the server and joins its thread.
 //!
@@ -10,6 +11,7 @@
 //!   initialised here (off the processing path), then queued; the pipeline checks it
 //!   against the stored state and swaps at the next batch boundary. 202 when queued,
 //!   422 with the reason when the component is refused.
+//! - `GET /metrics`: the metrics (`metrics.rs`) in Prometheus's text format 0.0.4.
 //!
 //! Who may use it: on a Unix socket (`--admin unix`: `admin.sock` in the state dir)
 //! the file's mode, 0600, lets only the user running the pipeline connect. A TCP
@@ -37,6 +39,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::hot_swap::{Candidate, PluginStatus, SwapSender};
+use crate::metrics::Metrics;
 use crate::plugin::Runtime;
 
 /// The socket's file name in the state dir, for `--admin unix`.
@@ -188,6 +191,8 @@ pub struct Admin {
     pub sender: SwapSender,
     /// The pipeline's plugin status.
     pub status: Arc<Mutex<PluginStatus>>,
+    /// The metrics `GET /metrics` renders, updated by whoever runs the batch loop.
+    pub metrics: Arc<Metrics>,
     /// The bearer token, if any; required on TCP.
     pub token: Option<String>,
     /// Connections, timeouts and sizes.
@@ -487,18 +492,32 @@ async fn respond(request: Request<Incoming>, shared: &Arc<Shared>) -> Reply {
             return reply;
         }
     }
-    if request.uri().path() != "/plugin" {
-        return error(StatusCode::NOT_FOUND, "use GET /plugin or POST /plugin");
+    match request.uri().path() {
+        "/plugin" => plugin(request, shared).await,
+        "/metrics" if *request.method() == Method::GET => metrics(&shared.admin.metrics),
+        "/metrics" => not_allowed("use GET /metrics", "GET"),
+        _ => error(StatusCode::NOT_FOUND, "use GET /plugin, POST /plugin or GET /metrics"),
     }
+}
+
+async fn plugin(request: Request<Incoming>, shared: &Arc<Shared>) -> Reply {
     match *request.method() {
         Method::GET => json(StatusCode::OK, status_json(&shared.admin.status)),
         Method::POST => upload(request, shared).await,
-        _ => {
-            let mut reply = error(StatusCode::METHOD_NOT_ALLOWED, "use GET /plugin or POST /plugin");
-            reply.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, POST"));
-            reply
-        }
+        _ => not_allowed("use GET /plugin or POST /plugin", "GET, POST"),
     }
+}
+
+fn not_allowed(message: &str, allow: &'static str) -> Reply {
+    let mut reply = error(StatusCode::METHOD_NOT_ALLOWED, message);
+    reply.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
+    reply
+}
+
+fn metrics(metrics: &Metrics) -> Reply {
+    let mut reply = Response::new(Full::new(Bytes::from(metrics.render())));
+    reply.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(crate::metrics::CONTENT_TYPE));
+    reply
 }
 
 fn status_json(status: &Mutex<PluginStatus>) -> serde_json::Value {

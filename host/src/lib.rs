@@ -13,6 +13,7 @@ pub mod decode;
 mod fold_mark;
 mod function;
 mod hot_swap;
+pub mod metrics;
 mod overlay;
 mod pace;
 mod page;

@@ -22,7 +22,7 @@ use crate::sink::{Sink, SinkError, Sinks};
 use crate::source::{Source, SourceError};
 use crate::store::{BatchPlan, Checkpoint, Counters, KeyChange, KeyRecord, PipelineIdentity, Store, StoreError};
 
-/// Where a run spent its time, in nanoseconds of the monotonic clock.
+/// Where a run (or one batch) spent its time, in nanoseconds of the monotonic clock.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StageTimes {
     /// Reading and decoding lines, late-data checks and grouping by key. For a file
@@ -37,6 +37,19 @@ pub struct StageTimes {
     pub plugin_ns: u64,
     /// Writing the sinks and committing the store.
     pub commit_ns: u64,
+}
+
+impl StageTimes {
+    /// The time spent in each stage since `earlier`, a copy of these times taken before.
+    pub fn since(&self, earlier: &StageTimes) -> StageTimes {
+        StageTimes {
+            read_decode_ns: self.read_decode_ns.saturating_sub(earlier.read_decode_ns),
+            input_wait_ns: self.input_wait_ns.saturating_sub(earlier.input_wait_ns),
+            state_load_ns: self.state_load_ns.saturating_sub(earlier.state_load_ns),
+            plugin_ns: self.plugin_ns.saturating_sub(earlier.plugin_ns),
+            commit_ns: self.commit_ns.saturating_sub(earlier.commit_ns),
+        }
+    }
 }
 
 /// A pipeline failed; the message names the stage.
@@ -93,7 +106,7 @@ pub enum Error {
     },
 }
 
-/// What one batch did (for progress reports).
+/// What one committed batch did (for progress reports and metrics).
 #[derive(Debug, Clone, Default)]
 pub struct BatchReport {
     /// The batch id.
@@ -110,6 +123,20 @@ pub struct BatchReport {
     pub replayed: bool,
     /// The watermark the batch ran with.
     pub watermark_ms: i64,
+    /// The batch's own counts (not the pipeline's totals).
+    pub counters: Counters,
+    /// Entries the batch wrote to the dead-letter output: undecodable records, records
+    /// too far ahead in event time, and failed calls under `--on-error dead-letter`.
+    pub dead_letters: u64,
+    /// Keys the batch added to the store less the keys it removed (a key is stored
+    /// while it has a value or a timeout).
+    pub keys_delta: i64,
+    /// Timeouts the batch set on keys that had none, less those it cleared or that fired.
+    pub timers_delta: i64,
+    /// Where the batch's time went, a rolled-back attempt included.
+    pub stages: StageTimes,
+    /// Monotonic time from the batch's boundary to its commit.
+    pub duration_ns: u64,
 }
 
 /// What a run did.
@@ -299,6 +326,17 @@ impl Pipeline {
     pub fn next_batch(&mut self) -> Result<Option<BatchReport>, Error> {
         let span = tracing::info_span!("batch", batch = self.checkpoint.next_batch_id);
         let _in_batch = span.enter();
+        let started = self.clock.monotonic_ns();
+        let stages_before = self.stages;
+        let mut report = self.boundary_and_batch()?;
+        if let Some(report) = &mut report {
+            report.stages = self.stages.since(&stages_before);
+            report.duration_ns = self.since(started);
+        }
+        Ok(report)
+    }
+
+    fn boundary_and_batch(&mut self) -> Result<Option<BatchReport>, Error> {
         let budget_ms = self.config.limits.migration_check_ms_max;
         self.swaps.at_boundary(self.checkpoint.next_batch_id, &self.store, budget_ms, self.clock.clone());
         match self.plan_and_run() {
@@ -449,8 +487,10 @@ impl Pipeline {
         self.input.prefetch(next);
         let records = prepared.records;
         let late = prepared.late_lines.len() as u64;
-        let mut batch = Batch::new(plan, self.checkpoint.counters, max_event_time_ms);
+        let counters_before = self.checkpoint.counters;
+        let mut batch = Batch::new(plan, counters_before, max_event_time_ms);
         batch.input_digest = prepared.input_digest;
+        batch.bad_records = prepared.bad_lines.len() as u64;
         batch.counters.records += records;
         batch.counters.events += prepared.groups.iter().map(|(_, events)| events.len() as u64).sum::<u64>();
         batch.counters.late += late;
@@ -482,6 +522,13 @@ impl Pipeline {
             late,
             replayed,
             watermark_ms: batch.plan.watermark_ms,
+            counters: counters_since(&batch.counters, &counters_before),
+            dead_letters: batch.bad_records + batch.dead_lettered_calls,
+            keys_delta: batch.keys_delta,
+            timers_delta: batch.timers_delta,
+            // Filled in by `next_batch`, which sees the whole batch.
+            stages: StageTimes::default(),
+            duration_ns: 0,
         })
     }
 
@@ -666,6 +713,7 @@ impl Pipeline {
                 "state_before_hex": state_before_hex,
             });
             self.sinks.dead_letter.push_line(&entry.to_string())?;
+            batch.dead_lettered_calls += 1;
         }
         // The key keeps its state. A failed timeout call also drops the timer, or the
         // key would fail again in every following batch.
@@ -694,6 +742,7 @@ impl Pipeline {
             watermark_ms: plan.watermark_ms,
             counters: batch.counters,
         };
+        (batch.keys_delta, batch.timers_delta) = stored_deltas(&batch.changes);
         self.store.commit(std::mem::take(&mut batch.changes), &next, durable)?;
         self.sinks.committed();
         // The new plugin has committed a batch: no rollback from here on.
@@ -716,12 +765,42 @@ struct Batch {
     input_digest: u32,
     data_keys: u64,
     timeout_keys: u64,
+    /// Dead-letter entries for records that could not go to the plugin.
+    bad_records: u64,
+    /// Dead-letter entries for failed calls.
+    dead_lettered_calls: u64,
+    /// See [`BatchReport::keys_delta`] and [`BatchReport::timers_delta`].
+    keys_delta: i64,
+    timers_delta: i64,
 }
 
 impl Batch {
     fn new(plan: BatchPlan, counters: Counters, max_event_time_ms: Option<i64>) -> Self {
-        Self { plan, counters, changes: Vec::new(), max_event_time_ms, input_digest: 0, data_keys: 0, timeout_keys: 0 }
+        Self {
+            plan,
+            counters,
+            changes: Vec::new(),
+            max_event_time_ms,
+            input_digest: 0,
+            data_keys: 0,
+            timeout_keys: 0,
+            bad_records: 0,
+            dead_lettered_calls: 0,
+            keys_delta: 0,
+            timers_delta: 0,
+        }
     }
+}
+
+/// How a batch's changes move the number of stored keys and of pending timers. Each
+/// change carries the key's committed record before the batch, so this costs one look
+/// at each change and no store read.
+fn stored_deltas(changes: &[KeyChange]) -> (i64, i64) {
+    let stored = |r: &Option<KeyRecord>| i64::from(r.is_some());
+    let timer = |r: &Option<KeyRecord>| i64::from(r.as_ref().is_some_and(|r| r.timeout_ms.is_some()));
+    changes.iter().fold((0, 0), |(keys, timers), c| {
+        (keys + stored(&c.after) - stored(&c.before), timers + timer(&c.after) - timer(&c.before))
+    })
 }
 
 /// Brings the next key's payloads into cache before they are copied into the guest.

@@ -22,6 +22,7 @@ fn admin(h: &Harness, token: Option<&str>, limits: AdminLimits) -> groupstate::a
         upload_dir: h.dir.path().join("uploads"),
         sender: h.pipeline.swap_sender(),
         status: h.pipeline.plugin_status(),
+        metrics: std::sync::Arc::default(),
         token: token.map(str::to_owned),
         limits,
     }
@@ -409,4 +410,217 @@ fn a_client_that_sends_requests_but_never_reads_the_answers_is_cut_off() {
     });
     let written = ended.recv_timeout(Duration::from_secs(30)).expect("the connection was still open after 30 s");
     assert!(written < 400, "the server read 400 MB of requests without closing the connection");
+}
+
+/// A GET of `path` with the token (if any) on a fresh connection: the status, the
+/// head and the body as text.
+fn get_text(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String, String) {
+    let mut stream = connect(addr);
+    let mut request = format!("GET {path} HTTP/1.1\r\nhost: groupstate\r\nconnection: close\r\n");
+    if let Some(token) = token {
+        request.push_str(&format!("authorization: Bearer {token}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, head.to_owned(), body.to_owned())
+}
+
+/// The samples of a Prometheus text rendering, `name{labels}` to value; every sample's
+/// family must have its `# TYPE` line before it.
+fn parse_metrics(text: &str) -> std::collections::HashMap<String, f64> {
+    let mut typed = std::collections::HashSet::new();
+    let mut samples = std::collections::HashMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            assert!(kind == "counter" || kind == "gauge", "{line}");
+            typed.insert(name.to_owned());
+        } else if !line.starts_with("# HELP ") {
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            let name = series.split('{').next().unwrap();
+            assert!(typed.contains(name), "{series} comes before its # TYPE line");
+            assert!(samples.insert(series.to_owned(), value.parse().unwrap()).is_none(), "{series} twice");
+        }
+    }
+    samples
+}
+
+/// The lines of a file (none if it does not exist).
+fn line_count(path: &std::path::Path) -> f64 {
+    std::fs::read_to_string(path).map_or(0, |t| t.lines().count()) as f64
+}
+
+/// `groupstate state --show WHAT` of a state dir: its JSON lines.
+fn state_lines(state: &std::path::Path, show: &str) -> Vec<serde_json::Value> {
+    let out = std::process::Command::new(crate::cli::groupstate_bin())
+        .args(["state", "--state-dir", state.to_str().unwrap(), "--show", show])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// A `groupstate run --follow` of the sensor plugin with the admin endpoint on TCP,
+/// killed when dropped.
+struct Following {
+    child: std::process::Child,
+    addr: SocketAddr,
+}
+
+impl Following {
+    fn start(dir: &std::path::Path, input: &std::path::Path, log: &str) -> Self {
+        let p = |name: &str| dir.join(name).display().to_string();
+        let mut args = crate::cli::sensor_run_args(input.to_str().unwrap(), &p("out.jsonl"), &p("state"));
+        args.extend(
+            [
+                "--batch-events",
+                "5000",
+                "--follow",
+                "--trigger-interval-ms",
+                "20",
+                "--admin",
+                "127.0.0.1:0",
+                "--no-fsync",
+            ]
+            .map(String::from),
+        );
+        let log_path = dir.join(log);
+        let mut child = std::process::Command::new(crate::cli::groupstate_bin())
+            .args(&args)
+            .env("GROUPSTATE_ADMIN_TOKEN", TOKEN)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .unwrap();
+        // The port it bound, from its log (looked for every 20 ms, for a minute at most).
+        let mut log = String::new();
+        for _ in 0..3000 {
+            log = std::fs::read_to_string(&log_path).unwrap();
+            if let Some(rest) = log.split("admin endpoint on http://").nth(1) {
+                let addr = rest.split(' ').next().unwrap().parse().unwrap();
+                return Self { child, addr };
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("no admin endpoint in a minute: {log}");
+    }
+
+    /// The metrics once the run has read `records` records and committed nothing more
+    /// for a while (the batch that fires the last timers comes right after the last
+    /// batch of data, with no trigger interval between).
+    fn settled_metrics(&self, records: f64) -> std::collections::HashMap<String, f64> {
+        let mut last: Option<std::collections::HashMap<String, f64>> = None;
+        // Every 300 ms, for a minute at most.
+        for _ in 0..200 {
+            let (status, head, body) = get_text(self.addr, "/metrics", Some(TOKEN));
+            assert_eq!(status, 200, "{head}\n{body}");
+            assert!(head.to_ascii_lowercase().contains("content-type: text/plain; version=0.0.4"), "{head}");
+            let metrics = parse_metrics(&body);
+            let batches = |m: &std::collections::HashMap<String, f64>| m["groupstate_batches_total{partition=\"0\"}"];
+            if metrics["groupstate_input_records_total{partition=\"0\"}"] == records
+                && last.as_ref().is_some_and(|l| batches(l) == batches(&metrics))
+            {
+                return metrics;
+            }
+            last = Some(metrics);
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        panic!("the run did not settle in a minute: {last:?}");
+    }
+}
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Checks the metrics of one run against the state dir, the outputs, and the run
+/// before it (`before`: batches, records, events, outputs, late and dead letters
+/// committed by earlier runs, from the checkpoint).
+fn check_against_the_state(metrics: &std::collections::HashMap<String, f64>, dir: &std::path::Path, before: [f64; 6]) {
+    let m = |name: &str| *metrics.get(&format!("{name}{{partition=\"0\"}}")).unwrap_or_else(|| panic!("no {name}"));
+    let state = dir.join("state");
+    let checkpoint = &state_lines(&state, "checkpoint")[0];
+    let c = &checkpoint["counters"];
+    let n = |v: &serde_json::Value| v.as_u64().unwrap() as f64;
+    let [batches, records, events, outputs, late, dead_letters] = before;
+    assert_eq!(m("groupstate_batches_total"), n(&checkpoint["next_batch_id"]) - batches);
+    assert_eq!(m("groupstate_last_batch_id"), n(&checkpoint["next_batch_id"]) - 1.0);
+    assert_eq!(m("groupstate_input_records_total"), n(&c["records"]) - records);
+    assert_eq!(m("groupstate_events_total"), n(&c["events"]) - events);
+    assert_eq!(m("groupstate_outputs_total"), line_count(&dir.join("out.jsonl")) - outputs);
+    assert_eq!(m("groupstate_late_records_total"), line_count(&state.join("late.jsonl")) - late);
+    assert_eq!(m("groupstate_dead_letters_total"), line_count(&state.join("dead-letter.jsonl")) - dead_letters);
+    let calls = |kind: &str| metrics[&format!("groupstate_plugin_calls_total{{partition=\"0\",kind=\"{kind}\"}}")];
+    assert!(calls("data") > 0.0 && calls("timeout") > 0.0, "{metrics:?}");
+    assert_eq!(m("groupstate_keys"), state_lines(&state, "keys").len() as f64);
+    assert_eq!(m("groupstate_timers"), state_lines(&state, "timers").len() as f64);
+    assert_eq!(m("groupstate_watermark_seconds"), n(&checkpoint["watermark_ms"]) / 1000.0);
+    // The batch's time covers the stages the batch loop waits for.
+    let stage =
+        |stage: &str| metrics[&format!("groupstate_last_batch_stage_seconds{{partition=\"0\",stage=\"{stage}\"}}")];
+    let waited = stage("input_wait") + stage("state_load") + stage("plugin") + stage("commit");
+    assert!(m("groupstate_last_batch_duration_seconds") >= waited && waited > 0.0, "{metrics:?}");
+    assert!(metrics["groupstate_stage_seconds_total{partition=\"0\",stage=\"commit\"}"] >= stage("commit"));
+    assert_eq!(metrics["groupstate_plugin_swaps_total"], 0.0);
+}
+
+#[test]
+fn the_cli_serves_metrics_that_agree_with_what_the_run_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = groupstate_tests::sensor_input(dir.path(), 20_000, 100, 4);
+    // Three records that cannot be decoded, for the dead-letter counter.
+    let mut text = std::fs::read_to_string(&input).unwrap();
+    text.insert_str(text.find('\n').unwrap() + 1, "not json\n{\"ts\":1}\n[1]\n");
+    std::fs::write(&input, &text).unwrap();
+    let lines = text.lines().count() as f64;
+
+    let run = Following::start(dir.path(), &input, "run1.log");
+    // The token is required, on /metrics as on /plugin.
+    assert_eq!(get_text(run.addr, "/metrics", None).0, 401);
+    assert_eq!(get_text(run.addr, "/metrics", Some("s3cret-tokex")).0, 401);
+    let metrics = run.settled_metrics(lines);
+    drop(run);
+    let m = |name: &str| metrics[&format!("{name}{{partition=\"0\"}}")];
+    assert_eq!(m("groupstate_input_records_total"), 20_003.0);
+    assert_eq!(m("groupstate_dead_letters_total"), 3.0);
+    // 20 003 records in batches of 5 000, and perhaps one more that fires the timers
+    // the final watermark passed (the checkpoint's count is checked below).
+    let batches = m("groupstate_batches_total");
+    assert!(batches == 5.0 || batches == 6.0, "{batches} batches");
+    assert!(m("groupstate_keys") > 0.0 && m("groupstate_keys") <= 100.0, "{metrics:?}");
+    check_against_the_state(&metrics, dir.path(), [0.0; 6]);
+
+    // A second run over the same state dir starts its keys and timers from the store
+    // and moves them with its batches: 50 new sensors, later than all the rest.
+    let checkpoint = &state_lines(&dir.path().join("state"), "checkpoint")[0];
+    let c = &checkpoint["counters"];
+    let n = |v: &serde_json::Value| v.as_u64().unwrap() as f64;
+    let before = [
+        n(&checkpoint["next_batch_id"]),
+        n(&c["records"]),
+        n(&c["events"]),
+        line_count(&dir.path().join("out.jsonl")),
+        line_count(&dir.path().join("state").join("late.jsonl")),
+        line_count(&dir.path().join("state").join("dead-letter.jsonl")),
+    ];
+    let last_ts = n(&checkpoint["max_event_time_ms"]) as i64;
+    let more: String = (0..50)
+        .map(|i| {
+            format!("{{\"sensor_id\":\"new-{i}\",\"ts\":{},\"status\":\"ok\",\"reading\":1.0}}\n", last_ts + 1000 * i)
+        })
+        .collect();
+    let run = Following::start(dir.path(), &input, "run2.log");
+    std::fs::OpenOptions::new().append(true).open(&input).unwrap().write_all(more.as_bytes()).unwrap();
+    let metrics = run.settled_metrics(50.0);
+    drop(run);
+    check_against_the_state(&metrics, dir.path(), before);
 }

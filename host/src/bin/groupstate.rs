@@ -1,6 +1,7 @@
 //! The `groupstate` command line: run a pipeline, generate the sensor workload,
 //! inspect a state dir or a plugin, test a plugin against scenarios, and create a
-//! plugin project. It installs the log's subscriber (`logging.rs`).
+//! plugin project. It installs the log's subscriber (`logging.rs`) and feeds the
+//! admin endpoint's metrics from the batch loop.
 
 // Beside this file, in a folder of its own: a file in src/bin/ would be a binary.
 #[path = "groupstate/logging.rs"]
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use groupstate::config::{ErrorPolicy, PipelineConfig, Stream, TimeoutKind};
+use groupstate::metrics::Metrics;
 use groupstate::store::Store;
 use groupstate::workload::{SensorSpec, generate_sensor};
 use groupstate::{Clock, Pipeline, SystemClock};
@@ -191,7 +193,7 @@ struct RunArgs {
     /// version is validated off the processing path and swapped in at a batch boundary.
     #[arg(long)]
     watch: bool,
-    /// Serve the admin endpoint (GET/POST /plugin): `unix` (also what the bare flag
+    /// Serve the admin endpoint (GET/POST /plugin, GET /metrics): `unix` (also what the bare flag
     /// means) is the socket admin.sock in the state dir, mode 0600; `unix:PATH` a socket
     /// elsewhere; IP:PORT (127.0.0.1:7070) a TCP address, which needs --admin-token.
     #[arg(long, value_name = "unix|unix:PATH|IP:PORT", num_args = 0..=1, default_missing_value = "unix")]
@@ -437,8 +439,16 @@ fn run(args: RunArgs) -> Result<()> {
     let mut pipeline = Pipeline::open(config.clone(), clock.clone())?;
     let opened_ms = (clock.monotonic_ns() - started) / 1_000_000;
     tracing::info!(target: PROGRESS_TARGET, "plugin {} ready in {opened_ms} ms", pipeline.plugin_label());
+    // The metrics of the one input there is today: partition 0.
+    let metrics = Arc::new(Metrics::new());
+    let partition = metrics.partition(0);
+    if admin_listen.is_some() {
+        let (keys, timers) = count_stored(pipeline.store())?;
+        partition.set_stored(keys, timers);
+    }
+    let plugin_status = pipeline.plugin_status();
     // Kept until the run ends: dropping it stops the admin endpoint.
-    let _hot_load = start_hot_load(&args, admin_listen, &config, &pipeline)?;
+    let _hot_load = start_hot_load(&args, admin_listen, &config, &pipeline, metrics.clone())?;
     let mut last_report = clock.monotonic_ns();
     let mut records = 0u64;
     let mut late = 0u64;
@@ -446,6 +456,9 @@ fn run(args: RunArgs) -> Result<()> {
     // records is clear; a short one at the end.
     let mut late_warned = None;
     let summary = pipeline.run(&mut |b| {
+        partition.record_batch(b);
+        let swaps = plugin_status.lock().unwrap_or_else(std::sync::PoisonError::into_inner).swaps.len();
+        metrics.set_plugin_swaps(swaps as u64);
         records += b.records;
         late += b.late;
         if late_warned.is_none()
@@ -517,6 +530,19 @@ fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
+/// The keys in the store and the timers pending, for the metrics to start from: one
+/// pass over the store when the run starts (the batches then report how they change
+/// both, at no cost), made only when the admin endpoint serves them.
+fn count_stored(store: &Store) -> Result<(u64, u64)> {
+    let (mut keys, mut timers) = (0, 0);
+    for entry in store.iter_keys() {
+        let (_, record) = entry?;
+        keys += 1;
+        timers += u64::from(record.timeout_ms.is_some());
+    }
+    Ok((keys, timers))
+}
+
 /// The hot-load services of a run: each stops (and joins its thread) when dropped.
 struct HotLoad {
     _watcher: Option<groupstate::reload::Watcher>,
@@ -529,6 +555,7 @@ fn start_hot_load(
     admin_listen: Option<groupstate::admin::Listen>,
     config: &PipelineConfig,
     pipeline: &Pipeline,
+    metrics: Arc<Metrics>,
 ) -> Result<HotLoad> {
     if !args.watch && admin_listen.is_none() {
         return Ok(HotLoad { _watcher: None, _admin: None });
@@ -554,11 +581,12 @@ fn start_hot_load(
         upload_dir: config.state_dir.join("plugins"),
         sender: pipeline.swap_sender(),
         status: pipeline.plugin_status(),
+        metrics,
         token: args.admin_token.clone(),
         limits: groupstate::admin::AdminLimits::default(),
     };
     let server = groupstate::admin::serve(listen, admin)?;
-    tracing::info!("admin endpoint on {} (GET/POST /plugin)", server.listen());
+    tracing::info!("admin endpoint on {} (GET/POST /plugin, GET /metrics)", server.listen());
     Ok(HotLoad { _watcher: watcher, _admin: Some(server) })
 }
 
