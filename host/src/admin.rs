@@ -1,9 +1,9 @@
 //! The admin endpoint: an HTTP/1.1 server (hyper, on a tokio current-thread runtime on
 //! a thread of its own) that reports the running plugin and accepts a new version for
 //! hot load, and serves the pipeline's metrics. It owns its listener and, for a Unix
-//! socket, the socket file; its
-//! connections and their limits (`AdminLimits`); and the uploads directory.
-//! `AdminServer` is the handle: dropping it stops the server and joins its thread.
+//! socket, the socket file; its connections and their limits (`AdminLimits`); and the
+//! uploads directory. `AdminServer` is the handle: dropping it stops the server and
+//! joins its thread.
 //!
 //! - `GET /plugin`: the running plugin, the batch it runs from, the swaps so far and
 //!   the last refusal, as JSON.

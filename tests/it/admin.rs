@@ -587,6 +587,8 @@ fn the_cli_serves_metrics_that_agree_with_what_the_run_did() {
     // The token is required, on /metrics as on /plugin.
     assert_eq!(get_text(run.addr, "/metrics", None).0, 401);
     assert_eq!(get_text(run.addr, "/metrics", Some("s3cret-tokex")).0, 401);
+    let post = format!("POST /metrics HTTP/1.1\r\nauthorization: Bearer {TOKEN}\r\ncontent-length: 0\r\n\r\n");
+    assert_eq!(exchange(run.addr, post.as_bytes()).0, 405);
     let metrics = run.settled_metrics(lines);
     drop(run);
     let m = |name: &str| metrics[&format!("{name}{{partition=\"0\"}}")];
