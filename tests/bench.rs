@@ -237,6 +237,7 @@ fn one(config: &str, input: &Path, batch_events: usize) {
             let env_bytes = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
             pc.limits.store_buffer_bytes = env_bytes("BENCH_STORE_BUFFER").unwrap_or(pc.limits.store_buffer_bytes);
             pc.limits.store_cache_bytes = env_bytes("BENCH_STORE_CACHE").unwrap_or(pc.limits.store_cache_bytes);
+            pc.batch_keys_max = env_bytes("BENCH_BATCH_KEYS").map_or(pc.batch_keys_max, |n| n as usize);
             let clock: Arc<dyn Clock> = Arc::new(SystemClock);
             let mut pipeline = if config == "wasm" {
                 Pipeline::open(pc, clock)

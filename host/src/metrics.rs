@@ -190,9 +190,9 @@ impl PartitionMetrics {
     pub fn record_batch(&self, report: &BatchReport) {
         let mut v = self.values.lock().unwrap_or_else(PoisonError::into_inner);
         v.batches += 1;
-        add_counters(&mut v.counters, &report.counters);
+        v.counters.add(&report.counters);
         v.dead_letters += report.dead_letters;
-        add_stages(&mut v.stages, &report.stages);
+        v.stages.add(&report.stages);
         v.last = Some(LastBatch { id: report.batch_id, duration_ns: report.duration_ns, stages: report.stages });
         if let Some(keys) = &mut v.keys {
             *keys += report.keys_delta;
@@ -294,25 +294,6 @@ fn seconds_of_ms(ms: i64) -> String {
     let sign = if ms < 0 { "-" } else { "" };
     let abs = ms.unsigned_abs();
     format!("{sign}{}.{:03}", abs / 1000, abs % 1000)
-}
-
-fn add_counters(sum: &mut Counters, batch: &Counters) {
-    sum.records += batch.records;
-    sum.events += batch.events;
-    sum.late += batch.late;
-    sum.bad_records += batch.bad_records;
-    sum.data_calls += batch.data_calls;
-    sum.timeout_calls += batch.timeout_calls;
-    sum.outputs += batch.outputs;
-    sum.failed_calls += batch.failed_calls;
-}
-
-fn add_stages(sum: &mut StageTimes, batch: &StageTimes) {
-    sum.read_decode_ns += batch.read_decode_ns;
-    sum.input_wait_ns += batch.input_wait_ns;
-    sum.state_load_ns += batch.state_load_ns;
-    sum.plugin_ns += batch.plugin_ns;
-    sum.commit_ns += batch.commit_ns;
 }
 
 #[cfg(test)]

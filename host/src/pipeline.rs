@@ -40,6 +40,15 @@ pub struct StageTimes {
 }
 
 impl StageTimes {
+    /// Adds `other`'s times to these (a sum over batches).
+    pub fn add(&mut self, other: &StageTimes) {
+        self.read_decode_ns += other.read_decode_ns;
+        self.input_wait_ns += other.input_wait_ns;
+        self.state_load_ns += other.state_load_ns;
+        self.plugin_ns += other.plugin_ns;
+        self.commit_ns += other.commit_ns;
+    }
+
     /// The time spent in each stage since `earlier`, a copy of these times taken before.
     pub fn since(&self, earlier: &StageTimes) -> StageTimes {
         StageTimes {
@@ -310,7 +319,7 @@ impl Pipeline {
         let total = self.checkpoint.counters;
         Ok(RunSummary {
             batches,
-            run: counters_since(&total, &start_counters),
+            run: total.since(&start_counters),
             total,
             checkpoint: self.checkpoint.clone(),
             plugin: self.swaps.label().to_owned(),
@@ -522,7 +531,7 @@ impl Pipeline {
             late,
             replayed,
             watermark_ms: batch.plan.watermark_ms,
-            counters: counters_since(&batch.counters, &counters_before),
+            counters: batch.counters.since(&counters_before),
             dead_letters: batch.bad_records + batch.dead_lettered_calls,
             keys_delta: batch.keys_delta,
             timers_delta: batch.timers_delta,
@@ -813,19 +822,6 @@ fn touch_payloads(events: &[Event]) {
         any ^= event.payload.as_bytes().first().copied().unwrap_or(0);
     }
     std::hint::black_box(any);
-}
-
-fn counters_since(now: &Counters, start: &Counters) -> Counters {
-    Counters {
-        records: now.records - start.records,
-        events: now.events - start.events,
-        late: now.late - start.late,
-        bad_records: now.bad_records - start.bad_records,
-        data_calls: now.data_calls - start.data_calls,
-        timeout_calls: now.timeout_calls - start.timeout_calls,
-        outputs: now.outputs - start.outputs,
-        failed_calls: now.failed_calls - start.failed_calls,
-    }
 }
 
 /// The settings a state dir is tied to, as this run gives them.

@@ -58,6 +58,34 @@ pub struct Counters {
     pub failed_calls: u64,
 }
 
+impl Counters {
+    /// Adds `other`'s counts to these (a sum over batches).
+    pub fn add(&mut self, other: &Counters) {
+        self.records += other.records;
+        self.events += other.events;
+        self.late += other.late;
+        self.bad_records += other.bad_records;
+        self.data_calls += other.data_calls;
+        self.timeout_calls += other.timeout_calls;
+        self.outputs += other.outputs;
+        self.failed_calls += other.failed_calls;
+    }
+
+    /// The counts since `earlier`, a copy of these counts taken before.
+    pub fn since(&self, earlier: &Counters) -> Counters {
+        Counters {
+            records: self.records - earlier.records,
+            events: self.events - earlier.events,
+            late: self.late - earlier.late,
+            bad_records: self.bad_records - earlier.bad_records,
+            data_calls: self.data_calls - earlier.data_calls,
+            timeout_calls: self.timeout_calls - earlier.timeout_calls,
+            outputs: self.outputs - earlier.outputs,
+            failed_calls: self.failed_calls - earlier.failed_calls,
+        }
+    }
+}
+
 /// The committed position of a pipeline: written atomically with the state changes
 /// of the batch it closes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Encode, Decode)]
