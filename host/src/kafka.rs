@@ -32,6 +32,10 @@ pub const BROKER_REQUEST_MS_MAX: u64 = 10_000;
 /// read once, so the broker has them unless retention deleted them.
 const REPLAY_WAIT_MS_MAX: u64 = 30_000;
 
+/// What a partition's reader may hold fetched ahead of the batches, in KiB (16 MiB;
+/// librdkafka's default is 64 MiB per partition, too much times many partitions).
+pub const FETCH_QUEUE_KIB_MAX: u64 = 16 * 1024;
+
 /// The group's session timeout (6 s). The first join takes about half of it (tansu),
 /// and a member that died loses its partitions after it.
 const SESSION_TIMEOUT_MS: u64 = 6_000;
@@ -163,6 +167,7 @@ impl PartitionReader {
         let partition = input.partition.unwrap_or(0);
         let consumer: BaseConsumer = base_config(&input.bootstrap, &input.group)
             .set("enable.partition.eof", "true")
+            .set("queued.max.messages.kbytes", FETCH_QUEUE_KIB_MAX.to_string())
             // An offset that no longer exists is an error, never a silent jump.
             .set("auto.offset.reset", "error")
             .create()
