@@ -72,8 +72,17 @@ fn assert_success(output: &Output) {
 fn one_process_over_eight_partitions_gives_the_oracles_alerts() {
     let dir = tempfile::tempdir().unwrap();
     let (broker, want) = broker_with_sensors(dir.path());
+    // A record whose key field differs from its Kafka key would split the key's state
+    // over two partitions: it goes to the dead-letter output, with the reason.
+    let stray = r#"{"sensor_id":"s-elsewhere","ts":4102444800000,"status":"err"}"#;
+    broker.produce("sensors", [(3, "s-here", stray)]);
     assert_success(&run_command(&broker, dir.path()).output().unwrap());
     assert_same_alerts(&alerts_of_all_partitions(dir.path()), &want);
+    let dead = std::fs::read_to_string(dir.path().join("state/partition-3/dead-letter.jsonl")).unwrap();
+    assert!(
+        dead.lines().count() == 1 && dead.contains(r#"is \"s-elsewhere\" but the record's kafka key is \"s-here\""#),
+        "{dead}"
+    );
     // Each partition has its own state dir, with its own checkpoint.
     for p in 0..PARTITIONS {
         assert!(dir.path().join(format!("state/partition-{p}/store")).is_dir(), "partition {p} has no store");
