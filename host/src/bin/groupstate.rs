@@ -348,6 +348,8 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
             let need = |v: &Option<PathBuf>, flag: &str| {
                 v.clone().with_context(|| format!("{flag} is required (or give --config FILE)"))
             };
+            // In the order of the usage line: --plugin is named first when missing.
+            let plugin = need(&args.plugin, "--plugin")?;
             let input = input_stream(&need(&args.input, "--input")?, args.group.as_deref())?;
             // A Kafka input keys records by their Kafka keys unless a field is named.
             let key_field = match (&args.key_field, &input) {
@@ -356,7 +358,7 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
                 (None, _) => bail!("--key-field is required (or give --config FILE)"),
             };
             PipelineConfig::new(
-                need(&args.plugin, "--plugin")?,
+                plugin,
                 input,
                 Stream::from(need(&args.output, "--output")?),
                 need(&args.state_dir, "--state-dir")?,
