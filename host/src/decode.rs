@@ -53,14 +53,22 @@ pub enum DecodeError {
 /// Decodes records of one pipeline.
 #[derive(Debug, Clone)]
 pub struct Decoder {
-    key_field: String,
+    /// `None` for a Kafka input keyed by its records' Kafka keys (an empty key field).
+    key_field: Option<String>,
     time_field: Option<String>,
 }
 
 impl Decoder {
-    /// A decoder for the given key and time fields.
+    /// A decoder for the given key and time fields; an empty key field reads no key
+    /// (the key is the Kafka record's, and `decode` gives an empty one).
     pub fn new(key_field: &str, time_field: Option<&str>) -> Self {
-        Self { key_field: key_field.to_owned(), time_field: time_field.map(str::to_owned) }
+        let key_field = (!key_field.is_empty()).then(|| key_field.to_owned());
+        Self { key_field, time_field: time_field.map(str::to_owned) }
+    }
+
+    /// The key field, if records carry their key in one.
+    pub fn key_field(&self) -> Option<&str> {
+        self.key_field.as_deref()
     }
 
     /// Decodes one line.
@@ -68,13 +76,16 @@ impl Decoder {
         let mut de = serde_json::Deserializer::from_str(line);
         let found = FieldsSeed { decoder: self }.deserialize(&mut de).map_err(classify)?;
         de.end().map_err(|e| DecodeError::Json(e.to_string()))?;
-        let key = match found.key {
-            Some(Field::Str(k)) => k,
-            Some(Field::Other) => return Err(DecodeError::KeyNotString(self.key_field.clone())),
-            None => return Err(DecodeError::MissingKey(self.key_field.clone())),
+        let key = match (&self.key_field, found.key) {
+            (None, _) => Cow::Borrowed(""),
+            (Some(_), Some(Field::Str(k))) => k,
+            (Some(field), Some(Field::Other)) => return Err(DecodeError::KeyNotString(field.clone())),
+            (Some(field), None) => return Err(DecodeError::MissingKey(field.clone())),
         };
-        if key.is_empty() || key.len() > KEY_BYTES_MAX {
-            return Err(DecodeError::KeyLength { field: self.key_field.clone(), len: key.len(), max: KEY_BYTES_MAX });
+        if let Some(field) = &self.key_field
+            && (key.is_empty() || key.len() > KEY_BYTES_MAX)
+        {
+            return Err(DecodeError::KeyLength { field: field.clone(), len: key.len(), max: KEY_BYTES_MAX });
         }
         let event_time_ms = match &self.time_field {
             None => None,
@@ -139,7 +150,7 @@ impl<'de> Visitor<'de> for FieldsSeed<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Found<'de>, A::Error> {
         let mut found = Found::default();
         while let Some(name) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if name == self.decoder.key_field.as_str() {
+            if self.decoder.key_field.as_deref() == Some(&*name) {
                 if found.key.is_some() {
                     return Err(de::Error::custom(format_args!("{DUPLICATE_MARK}{name}")));
                 }

@@ -175,6 +175,8 @@ pub struct Pipeline {
     input: Preparer,
     /// Stdin has closed.
     input_closed: bool,
+    /// The last read of a Kafka partition found its end.
+    input_at_end: bool,
     sinks: Sinks,
     checkpoint: Checkpoint,
     stages: StageTimes,
@@ -210,6 +212,13 @@ impl Pipeline {
     pub fn open(config: PipelineConfig, clock: Arc<dyn Clock>) -> Result<Self, Error> {
         config.validate()?;
         let runtime = Arc::new(Runtime::new(&config.limits, config.cache_dir.as_deref())?);
+        Self::open_in(runtime, config, clock)
+    }
+
+    /// Opens the pipeline with its plugin loaded in `runtime`: the pipelines of a
+    /// process's partitions share one engine, epoch ticker and compile cache.
+    pub fn open_in(runtime: Arc<Runtime>, config: PipelineConfig, clock: Arc<dyn Clock>) -> Result<Self, Error> {
+        config.validate()?;
         let plugin = runtime.load(&config.plugin, &config.params)?;
         let mut pipeline = Self::open_with_function(config, clock, Box::new(plugin))?;
         pipeline.runtime = Some(runtime);
@@ -240,17 +249,36 @@ impl Pipeline {
             config.limits.store_log_bytes,
         )?;
         check_identity(&store, &config)?;
-        let checkpoint = store.checkpoint()?.unwrap_or_default();
+        let committed = store.checkpoint()?;
+        let mut checkpoint = committed.clone().unwrap_or_default();
         let source = match &config.input {
             Stream::File(path) => {
                 let (offset, digest) = (checkpoint.input_offset, checkpoint.input_digest);
                 Source::open_file(path, offset, digest, config.limits.line_bytes_max, config.follow)?
             }
             Stream::Std => Source::stdin(checkpoint.input_offset, config.limits.line_bytes_max),
+            // The local checkpoint's offset is the truth; the reader falls back to the
+            // group's committed offset only where there is no local state.
+            Stream::Kafka(input) => {
+                if input.partition.is_none() {
+                    let why = "a kafka input runs one pipeline per partition: run it through partitions::run";
+                    return Err(crate::config::ConfigError(why.into()).into());
+                }
+                let offset = committed.as_ref().map(|c| c.input_offset);
+                Source::kafka(input, offset, config.limits.line_bytes_max, clock.clone())?
+            }
         };
+        if committed.is_none() {
+            checkpoint.input_offset = source.offset();
+        }
         let output = match &config.output {
             Stream::File(path) => Sink::open_file(path, checkpoint.output_len)?,
             Stream::Std => Sink::stdout(checkpoint.output_len),
+            Stream::Kafka(_) => {
+                return Err(
+                    crate::config::ConfigError("--output cannot be a Kafka topic yet; write to a file".into()).into()
+                );
+            }
         };
         let late = Sink::open_file(&side_path(&config, &config.late, "late.jsonl"), checkpoint.late_len)?;
         let dead_letter =
@@ -264,6 +292,7 @@ impl Pipeline {
             swaps: SwapController::new(plugin, checkpoint.next_batch_id),
             input,
             input_closed: false,
+            input_at_end: false,
             sinks: Sinks { output, late, dead_letter },
             checkpoint,
             stages: StageTimes::default(),
@@ -285,6 +314,25 @@ impl Pipeline {
     /// The running plugin and the swap history, shared (the admin endpoint reads it).
     pub fn plugin_status(&self) -> Arc<Mutex<PluginStatus>> {
         self.swaps.status()
+    }
+
+    /// The committed checkpoint (its `input_offset` is where the next batch starts).
+    pub fn checkpoint(&self) -> &Checkpoint {
+        &self.checkpoint
+    }
+
+    /// Whether the last read of a Kafka partition found its end.
+    pub fn input_at_end(&self) -> bool {
+        self.input_at_end
+    }
+
+    /// Folds what the store holds in memory into sled: the end of a run that drives
+    /// `next_batch` itself.
+    pub fn flush(&mut self) -> Result<(), Error> {
+        let started = self.clock.monotonic_ns();
+        self.store.flush()?;
+        self.stages.commit_ns += self.since(started);
+        Ok(())
     }
 
     /// The state store (read-only use: inspection and tests).
@@ -313,9 +361,7 @@ impl Pipeline {
             }
         }
         // The run's last fold is part of committing.
-        let started = self.clock.monotonic_ns();
-        self.store.flush()?;
-        self.stages.commit_ns += self.since(started);
+        self.flush()?;
         let total = self.checkpoint.counters;
         Ok(RunSummary {
             batches,
@@ -438,6 +484,7 @@ impl Pipeline {
         let started = self.clock.monotonic_ns();
         let prepared = self.input.get(req)?;
         self.input_closed = prepared.closed;
+        self.input_at_end = prepared.at_end;
         self.stages.input_wait_ns += self.since(started);
         self.stages.read_decode_ns += prepared.read_decode_ns;
         Ok(prepared)
@@ -838,8 +885,11 @@ fn identity_of(config: &PipelineConfig) -> PipelineIdentity {
 /// A stream as a state dir remembers it: the same file named by another path is the
 /// same stream (an output may not exist yet: its folder is resolved, not the file).
 fn stream_identity(stream: &Stream) -> String {
-    let Stream::File(path) = stream else {
-        return "-".to_owned();
+    let path = match stream {
+        Stream::File(path) => path,
+        // A partition of a topic, wherever the broker is reached.
+        Stream::Kafka(k) => return format!("kafka topic {} partition {}", k.topic, k.partition.unwrap_or(0)),
+        Stream::Std => return "-".to_owned(),
     };
     let resolved = std::fs::canonicalize(path).ok().or_else(|| {
         let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
@@ -894,7 +944,7 @@ fn check_streams(config: &PipelineConfig) -> Result<(), Error> {
             "--output",
             match &config.output {
                 Stream::File(path) => Some(path.clone()),
-                Stream::Std => None,
+                Stream::Std | Stream::Kafka(_) => None,
             },
         ),
         ("--late", config.late.clone()),

@@ -59,6 +59,8 @@ pub(crate) struct Prepared {
     pub max_event_time_ms: Option<i64>,
     /// Stdin has closed.
     pub closed: bool,
+    /// A Kafka partition's read found its end.
+    pub at_end: bool,
     /// A digest of the input before `end_offset` (see `Source::digest_before`),
     /// committed with it.
     pub input_digest: u32,
@@ -120,7 +122,23 @@ fn prepare(
             return Ok(true);
         }
         let event_time_ms = decoded.event_time_ms;
-        let slot = match index.get(decoded.key.as_ref()) {
+        // A Kafka record's key is its group key; a key field, when named, must agree,
+        // since the key's state lives in the one partition its Kafka key picks.
+        let key = match (line.key, decoder.key_field()) {
+            (None, _) => decoded.key,
+            (Some(kafka_key), None) => std::borrow::Cow::Owned(kafka_key),
+            (Some(kafka_key), Some(_)) if kafka_key == decoded.key => decoded.key,
+            (Some(kafka_key), Some(field)) => {
+                let reason = format!(
+                    "key field {field:?} is {:?} but the record's kafka key is {kafka_key:?}; a key's state lives in the partition its kafka key picks, so produce each record with its key field as its kafka key",
+                    decoded.key
+                );
+                out.records += 1;
+                out.bad_lines.push(bad_record(req.batch_id, line.offset, &reason, Some(&text)));
+                return Ok(true);
+            }
+        };
+        let slot = match index.get(key.as_ref()) {
             Some(&i) => i,
             None if out.groups.len() == req.keys_max => {
                 // This record starts the next batch.
@@ -128,7 +146,7 @@ fn prepare(
                 return Ok(false);
             }
             None => {
-                let key = decoded.key.into_owned();
+                let key = key.into_owned();
                 index.insert(key.clone(), out.groups.len());
                 out.groups.push((key, Vec::new()));
                 out.groups.len() - 1
@@ -150,6 +168,7 @@ fn prepare(
     }
     out.end_offset = source.offset();
     out.closed = source.is_closed();
+    out.at_end = source.at_end();
     out.input_digest = source.digest_before(out.end_offset)?;
     out.input_rotation = source.rotation();
     out.read_decode_ns = clock.monotonic_ns().saturating_sub(started);

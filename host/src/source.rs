@@ -1,6 +1,8 @@
 //! JSON Lines input with byte offsets: a file (seekable, so a planned batch can be
 //! re-read exactly) or stdin (read by a thread into a bounded queue, so a batch can
-//! close on a timer while no line arrives).
+//! close on a timer while no line arrives), or one partition of a Kafka topic
+//! (`kafka.rs` reads it; offsets are Kafka offsets, a planned batch is re-read by
+//! seeking to its start, and each line carries its record's Kafka key).
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Seek, SeekFrom};
@@ -18,8 +20,10 @@ const STDIN_QUEUE_LINES_MAX: usize = 65_536;
 /// One input line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Line {
-    /// Byte offset of the line's first byte.
+    /// Byte offset of the line's first byte; for Kafka, the record's offset.
     pub offset: u64,
+    /// The record's Kafka key (a Kafka input only): the record's group key.
+    pub key: Option<String>,
     /// The line without its terminator, or why it could not be read.
     pub text: Result<String, LineError>,
 }
@@ -38,6 +42,12 @@ pub enum LineError {
     /// Not UTF-8.
     #[error("line is not valid UTF-8")]
     NotUtf8,
+    /// A Kafka record's key cannot be a group key.
+    #[error("the record's kafka key {0}")]
+    KafkaKey(String),
+    /// A Kafka record's value cannot be a line.
+    #[error("the record's kafka value {0}")]
+    KafkaValue(String),
 }
 
 /// An input failed.
@@ -99,6 +109,15 @@ pub enum SourceError {
     /// The thread that reads the input failed.
     #[error("input: {0}")]
     Thread(String),
+    /// Reading a Kafka partition failed (boxed: rdkafka's error is large).
+    #[error(transparent)]
+    Kafka(Box<crate::kafka::KafkaError>),
+}
+
+impl From<crate::kafka::KafkaError> for SourceError {
+    fn from(e: crate::kafka::KafkaError) -> Self {
+        Self::Kafka(Box::new(e))
+    }
 }
 
 /// Reads lines of at most `max` bytes from a `BufRead`, tracking the offset.
@@ -168,7 +187,7 @@ impl<R: BufRead> LineReader<R> {
         } else {
             String::from_utf8(buf).map_err(|_| LineError::NotUtf8)
         };
-        Ok(Some((Line { offset: start, text }, consumed)))
+        Ok(Some((Line { offset: start, key: None, text }, consumed)))
     }
 }
 
@@ -228,6 +247,7 @@ enum Inner {
         offset: u64,
         closed: bool,
     },
+    Kafka(Box<crate::kafka::PartitionReader>),
 }
 
 impl std::fmt::Debug for Source {
@@ -235,6 +255,7 @@ impl std::fmt::Debug for Source {
         match &self.inner {
             Inner::File { path, .. } => write!(f, "Source::File({})", path.display()),
             Inner::Stdin { offset, .. } => write!(f, "Source::Stdin(@{offset})"),
+            Inner::Kafka(reader) => write!(f, "Source::Kafka(@{})", reader.offset()),
         }
     }
 }
@@ -277,6 +298,11 @@ impl Source {
                 file_digest(reader.inner.get_ref(), offset).map_err(|cause| SourceError::Read { offset, cause })
             }
             Inner::Stdin { .. } => Ok(0),
+            // The digest guards a file replaced under its name. A Kafka partition's
+            // offsets name records of an append-only log, never rewritten in place,
+            // and a deleted topic's offsets fail to fetch, so there is nothing to
+            // compare.
+            Inner::Kafka(_) => Ok(0),
         }
     }
 
@@ -284,8 +310,24 @@ impl Source {
     pub fn rotation(&self) -> Option<Rotation> {
         match &self.inner {
             Inner::File { rotation, .. } => *rotation,
-            Inner::Stdin { .. } => None,
+            Inner::Stdin { .. } | Inner::Kafka(_) => None,
         }
+    }
+
+    /// Reads one Kafka partition from `offset` (see `PartitionReader::open`).
+    pub fn kafka(
+        input: &crate::config::KafkaInput,
+        offset: Option<u64>,
+        line_bytes_max: usize,
+        clock: std::sync::Arc<dyn crate::clock::Clock>,
+    ) -> Result<Self, SourceError> {
+        let reader = crate::kafka::PartitionReader::open(input, offset, line_bytes_max, clock)?;
+        Ok(Self { inner: Inner::Kafka(Box::new(reader)) })
+    }
+
+    /// Whether a Kafka partition's last read found its end (false for other inputs).
+    pub fn at_end(&self) -> bool {
+        matches!(&self.inner, Inner::Kafka(reader) if reader.at_end())
     }
 
     /// Starts reading stdin on a thread; offsets count from `offset` (stdin cannot be
@@ -313,6 +355,7 @@ impl Source {
         match &self.inner {
             Inner::File { reader, .. } => reader.offset,
             Inner::Stdin { offset, .. } => *offset,
+            Inner::Kafka(reader) => reader.offset(),
         }
     }
 
@@ -343,12 +386,13 @@ impl Source {
                 Ok(())
             }
             Inner::Stdin { .. } => Err(SourceError::NotSeekable),
+            Inner::Kafka(reader) => Ok(reader.seek(offset)?),
         }
     }
 
     /// Whether a planned range can be read again (files can, stdin cannot).
     pub fn is_seekable(&self) -> bool {
-        matches!(self.inner, Inner::File { .. })
+        matches!(self.inner, Inner::File { .. } | Inner::Kafka(_))
     }
 
     /// Reads up to `max` lines, stopping at `end_offset` if given (a replayed plan), or
@@ -394,6 +438,7 @@ impl Source {
                     }
                 }
             }
+            Inner::Kafka(reader) => reader.read_lines(max, bytes_max, end_offset, wait, &mut each)?,
             Inner::Stdin { rx, offset, closed } => {
                 if end_offset.is_some() {
                     return Err(SourceError::NotSeekable);

@@ -9,6 +9,8 @@ mod cli;
 mod crash;
 mod hotload;
 mod integrity;
+mod kafka;
+mod kafka_broker;
 mod languages;
 mod sandbox;
 mod scenarios;

@@ -112,9 +112,19 @@ struct RunArgs {
     /// The plugin component (.wasm).
     #[arg(long)]
     plugin: Option<PathBuf>,
-    /// JSON Lines input file, or - for stdin.
+    /// JSON Lines input file, - for stdin, or kafka://HOST:PORT/TOPIC (with --group).
     #[arg(long)]
     input: Option<PathBuf>,
+    /// The consumer group of a kafka:// input: its members share the topic's partitions.
+    #[arg(long)]
+    group: Option<String>,
+    /// With a kafka:// input: stop once every assigned partition has read no record for
+    /// this long and found its end [default: run until stopped].
+    #[arg(long)]
+    until_idle_ms: Option<u64>,
+    /// With a kafka:// input: partitions that run a batch at once [default: the cores].
+    #[arg(long)]
+    partition_workers: Option<usize>,
     /// JSON Lines output file, or - for stdout.
     #[arg(long)]
     output: Option<PathBuf>,
@@ -338,12 +348,21 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
             let need = |v: &Option<PathBuf>, flag: &str| {
                 v.clone().with_context(|| format!("{flag} is required (or give --config FILE)"))
             };
+            // In the order of the usage line: --plugin is named first when missing.
+            let plugin = need(&args.plugin, "--plugin")?;
+            let input = input_stream(&need(&args.input, "--input")?, args.group.as_deref())?;
+            // A Kafka input keys records by their Kafka keys unless a field is named.
+            let key_field = match (&args.key_field, &input) {
+                (Some(k), _) => k.clone(),
+                (None, Stream::Kafka(_)) => String::new(),
+                (None, _) => bail!("--key-field is required (or give --config FILE)"),
+            };
             PipelineConfig::new(
-                need(&args.plugin, "--plugin")?,
-                Stream::from(need(&args.input, "--input")?),
+                plugin,
+                input,
                 Stream::from(need(&args.output, "--output")?),
                 need(&args.state_dir, "--state-dir")?,
-                args.key_field.clone().context("--key-field is required (or give --config FILE)")?,
+                key_field,
             )
         }
     };
@@ -351,7 +370,13 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
         config.plugin = p.clone();
     }
     if let Some(p) = &args.input {
-        config.input = Stream::from(p.clone());
+        config.input = input_stream(p, args.group.as_deref())?;
+    }
+    if args.group.is_some() && !matches!(config.input, Stream::Kafka(_)) {
+        bail!("--group is only for a kafka:// input; drop it, or give --input kafka://HOST:PORT/TOPIC");
+    }
+    if (args.until_idle_ms.is_some() || args.partition_workers.is_some()) && !matches!(config.input, Stream::Kafka(_)) {
+        bail!("--until-idle-ms and --partition-workers are only for a kafka:// input (a file ends by itself)");
     }
     if let Some(p) = &args.output {
         config.output = Stream::from(p.clone());
@@ -423,8 +448,58 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
     Ok(config)
 }
 
+/// `--input`: a file, `-`, or a Kafka topic, which needs `--group`.
+fn input_stream(input: &std::path::Path, group: Option<&str>) -> Result<Stream> {
+    let text = input.to_string_lossy();
+    if !text.starts_with(groupstate::config::KAFKA_SCHEME) {
+        return Ok(Stream::from(input.to_owned()));
+    }
+    let group = group.with_context(|| {
+        format!("--input {text} needs --group NAME: the consumer group whose members share the topic's partitions")
+    })?;
+    Ok(Stream::Kafka(groupstate::config::KafkaInput::parse(&text, group)?))
+}
+
+/// `groupstate run` over a Kafka topic: one pipeline per assigned partition.
+fn run_kafka(args: &RunArgs, config: PipelineConfig) -> Result<()> {
+    if args.admin.is_some() || args.watch {
+        bail!("--admin and --watch do not work with a kafka:// input yet; drop them");
+    }
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let mut options = groupstate::partitions::Options { until_idle_ms: args.until_idle_ms, ..Default::default() };
+    if let Some(n) = args.partition_workers {
+        options.workers_max = n;
+    }
+    let started = clock.monotonic_ns();
+    let records = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = records.clone();
+    let on_batch: groupstate::partitions::OnBatch = Arc::new(move |partition, b| {
+        counted.fetch_add(b.records, std::sync::atomic::Ordering::Relaxed);
+        if b.replayed {
+            tracing::info!(target: PROGRESS_TARGET, batch = b.batch_id, "partition {partition}: batch {} replayed after a stop", b.batch_id);
+        }
+    });
+    let summary = groupstate::partitions::run(config, clock.clone(), options, on_batch)?;
+    let secs = (clock.monotonic_ns() - started) as f64 / 1e9;
+    let records = records.load(std::sync::atomic::Ordering::Relaxed);
+    let offsets: Vec<String> = summary.partitions.iter().map(|(p, c)| format!("{p}@{}", c.input_offset)).collect();
+    tracing::info!(
+        batches = summary.batches,
+        records,
+        "done: {}, {} in {secs:.2} s over {}; next offsets {}",
+        count(summary.batches, "batch", "batches"),
+        count(records, "record", "records"),
+        count(summary.partitions.len() as u64, "partition", "partitions"),
+        offsets.join(" ")
+    );
+    Ok(())
+}
+
 fn run(args: RunArgs) -> Result<()> {
     let config = config_from(&args)?;
+    if matches!(config.input, Stream::Kafka(_)) {
+        return run_kafka(&args, config);
+    }
     // A wrong --admin fails here, before the plugin is compiled and the store opened.
     let admin_listen = match &args.admin {
         Some(spec) => {

@@ -1,0 +1,383 @@
+//! The partitions one process owns, for a Kafka input: one `Pipeline` (the batch
+//! executor) per partition the consumer group assigns, each on a worker thread of its
+//! own with its own state dir, checkpoint, watermark and output files; started when
+//! the group assigns the partition, stopped at a batch boundary when it is revoked,
+//! and the group's offset committed after each local commit.
+//!
+//! A partition is the unit because a key lives in exactly one (its Kafka key picks
+//! it), so partitions share nothing: no state, no order, no watermark. The watermark
+//! is per partition, like Kafka Streams' per-task stream time: a partition that runs
+//! behind does not make another's records late, and one that runs ahead does not hold
+//! another's timeouts back.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::config::{ConfigError, KafkaInput, PipelineConfig, Stream};
+use crate::kafka::{Assignment, GroupMember, KafkaError};
+use crate::pipeline::{self, BatchReport, Pipeline};
+use crate::plugin::{PluginError, Runtime};
+use crate::store::Checkpoint;
+
+/// How often the group member is served (heartbeats, rebalances, commits): 100 ms.
+const MEMBER_POLL_MS: u64 = 100;
+
+/// How a process runs its partitions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Partitions that run a batch at once, at most (default: the machine's cores).
+    /// Each partition has a thread; a slot is held for one `next_batch`, so a
+    /// partition waiting for records holds one for at most the trigger interval.
+    pub workers_max: usize,
+    /// Stop once every assigned partition has read no record for this long and its
+    /// last read found the partition's end (default: run until stopped).
+    pub until_idle_ms: Option<u64>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { workers_max: std::thread::available_parallelism().map_or(1, |n| n.get()), until_idle_ms: None }
+    }
+}
+
+/// Running a Kafka input failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The settings do not fit a Kafka input.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The plugin engine could not start.
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+    /// The broker or the group failed (boxed: rdkafka's error is large).
+    #[error(transparent)]
+    Kafka(Box<KafkaError>),
+    /// A partition's pipeline failed (the others were stopped at a batch boundary).
+    #[error("partition {partition}: {source}")]
+    Partition {
+        /// The partition.
+        partition: i32,
+        /// Its pipeline's error.
+        source: pipeline::Error,
+    },
+    /// A partition's thread could not start or panicked.
+    #[error("partition {partition}: {what}; run again to resume from the last committed batch")]
+    Thread {
+        /// The partition.
+        partition: i32,
+        /// What happened.
+        what: String,
+    },
+}
+
+impl From<KafkaError> for Error {
+    fn from(e: KafkaError) -> Self {
+        Self::Kafka(Box::new(e))
+    }
+}
+
+/// What a run did: each partition it ran, with its checkpoint when it stopped.
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    /// (partition, checkpoint), in partition order.
+    pub partitions: Vec<(i32, Checkpoint)>,
+    /// Batches committed by this run, over all partitions.
+    pub batches: u64,
+}
+
+/// Called after each committed batch, on the partition's thread.
+pub type OnBatch = Arc<dyn Fn(i32, &BatchReport) + Send + Sync>;
+
+/// `path` with `.p<partition>` appended: a partition's own output file, so that each
+/// partition's exactly-once bookkeeping (committed lengths) stays its own.
+pub fn partition_path(path: &Path, partition: i32) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(".p{partition}"));
+    PathBuf::from(name)
+}
+
+/// The pipeline of one partition: state in `<state-dir>/partition-<N>`, outputs in
+/// `<output>.p<N>` (and `--late`, `--dead-letter` likewise when named; by default they
+/// are in the partition's state dir).
+pub fn partition_config(config: &PipelineConfig, input: &KafkaInput, partition: i32) -> PipelineConfig {
+    let mut c = config.clone();
+    c.input = Stream::Kafka(KafkaInput { partition: Some(partition), ..input.clone() });
+    c.state_dir = config.state_dir.join(format!("partition-{partition}"));
+    if let Stream::File(path) = &config.output {
+        c.output = Stream::File(partition_path(path, partition));
+    }
+    c.late = config.late.as_deref().map(|p| partition_path(p, partition));
+    c.dead_letter = config.dead_letter.as_deref().map(|p| partition_path(p, partition));
+    c
+}
+
+/// At most `n` holders at once.
+struct Slots {
+    free: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Slots {
+    fn acquire(&self) -> SlotGuard<'_> {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        while *free == 0 {
+            free = self.freed.wait(free).unwrap_or_else(|e| e.into_inner());
+        }
+        *free -= 1;
+        SlotGuard(self)
+    }
+}
+
+struct SlotGuard<'a>(&'a Slots);
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.0.freed.notify_one();
+    }
+}
+
+/// What a partition's thread tells the process.
+enum Event {
+    /// A batch committed locally; the next batch starts at `next`.
+    Committed { partition: i32, next: u64 },
+    /// The thread ended: stopped (with its checkpoint) or failed.
+    Ended { partition: i32, result: Result<(Checkpoint, u64), pipeline::Error> },
+}
+
+/// What every partition's thread shares.
+struct Shared {
+    config: PipelineConfig,
+    input: KafkaInput,
+    clock: Arc<dyn Clock>,
+    runtime: Arc<Runtime>,
+    slots: Slots,
+    until_idle_ms: Option<u64>,
+    on_batch: OnBatch,
+    events: Mutex<mpsc::Sender<Event>>,
+}
+
+impl Shared {
+    fn send(&self, event: Event) {
+        // The receiver lives until every thread is joined.
+        let _ = self.events.lock().unwrap_or_else(|e| e.into_inner()).send(event);
+    }
+}
+
+/// A partition's thread.
+struct Worker {
+    stop: Arc<AtomicBool>,
+    idle: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Worker {
+    fn start(shared: &Arc<Shared>, partition: i32) -> Result<Self, Error> {
+        let (stop, idle) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let (s, st, id) = (shared.clone(), stop.clone(), idle.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("groupstate-p{partition}"))
+            .spawn(move || {
+                let span = tracing::info_span!("partition", partition);
+                let _in_partition = span.enter();
+                let result = run_partition(&s, partition, &st, &id);
+                s.send(Event::Ended { partition, result });
+            })
+            .map_err(|e| Error::Thread { partition, what: format!("cannot start its thread: {e}") })?;
+        tracing::info!("partition {partition}: assigned, started");
+        Ok(Self { stop, idle, thread: Some(thread) })
+    }
+
+    /// Stops the partition at its next batch boundary and waits for it.
+    fn stop(mut self, partition: i32) -> Result<(), Error> {
+        self.stop.store(true, Ordering::Release);
+        match self.thread.take().map(|t| t.join()) {
+            Some(Err(_)) => Err(Error::Thread { partition, what: "its thread panicked".into() }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// One partition's batch loop, until `stop`; the checkpoint and batch count at the end.
+fn run_partition(
+    shared: &Shared,
+    partition: i32,
+    stop: &AtomicBool,
+    idle: &AtomicBool,
+) -> Result<(Checkpoint, u64), pipeline::Error> {
+    let config = partition_config(&shared.config, &shared.input, partition);
+    let clock = shared.clock.clone();
+    let mut pipeline = Pipeline::open_in(shared.runtime.clone(), config, clock.clone())?;
+    let mut last_record_ns = clock.monotonic_ns();
+    let mut batches = 0;
+    while !stop.load(Ordering::Acquire) {
+        let report = {
+            let _slot = shared.slots.acquire();
+            pipeline.next_batch()?
+        };
+        let now = clock.monotonic_ns();
+        if let Some(report) = report {
+            batches += 1;
+            if report.records > 0 {
+                last_record_ns = now;
+            }
+            (shared.on_batch)(partition, &report);
+            shared.send(Event::Committed { partition, next: pipeline.checkpoint().input_offset });
+        }
+        if let Some(ms) = shared.until_idle_ms {
+            let quiet = now.saturating_sub(last_record_ns) >= ms.saturating_mul(1_000_000);
+            idle.store(quiet && pipeline.input_at_end(), Ordering::Release);
+        }
+    }
+    pipeline.flush()?;
+    Ok((pipeline.checkpoint().clone(), batches))
+}
+
+type Workers = Arc<Mutex<BTreeMap<i32, Worker>>>;
+
+/// Starts and stops partitions as the group assigns and revokes them.
+fn on_assignment(
+    shared: Arc<Shared>,
+    workers: Workers,
+    failures: Arc<Mutex<Vec<Error>>>,
+) -> crate::kafka::OnAssignment {
+    Box::new(move |change| {
+        let mut failed = Vec::new();
+        match change {
+            Assignment::Assigned(partitions) => {
+                let mut workers = workers.lock().unwrap_or_else(|e| e.into_inner());
+                for p in partitions {
+                    if workers.contains_key(&p) {
+                        continue;
+                    }
+                    match Worker::start(&shared, p) {
+                        Ok(w) => {
+                            workers.insert(p, w);
+                        }
+                        Err(e) => failed.push(e),
+                    }
+                }
+            }
+            Assignment::Revoked(partitions) => {
+                let stopping: Vec<(i32, Worker)> = {
+                    let mut workers = workers.lock().unwrap_or_else(|e| e.into_inner());
+                    partitions.iter().filter_map(|p| Some((*p, workers.remove(p)?))).collect()
+                };
+                for (p, w) in stopping {
+                    tracing::info!("partition {p}: revoked, stopping at a batch boundary");
+                    if let Err(e) = w.stop(p) {
+                        failed.push(e);
+                    }
+                }
+            }
+        }
+        failures.lock().unwrap_or_else(|e| e.into_inner()).extend(failed);
+    })
+}
+
+/// Runs a Kafka input (`config.input` is `Stream::Kafka` for the whole topic) until
+/// `options.until_idle_ms` says it is done, or a partition fails; each partition
+/// stops at a batch boundary, and its group offset is committed.
+pub fn run(
+    config: PipelineConfig,
+    clock: Arc<dyn Clock>,
+    options: Options,
+    on_batch: OnBatch,
+) -> Result<Summary, Error> {
+    config.validate()?;
+    let Stream::Kafka(input) = config.input.clone() else {
+        return Err(ConfigError("partitions::run needs a kafka:// input".into()).into());
+    };
+    if !matches!(config.output, Stream::File(_)) {
+        return Err(ConfigError(
+            "a kafka input writes one output file per partition (<output>.p<N>): give --output a file path, not -"
+                .into(),
+        )
+        .into());
+    }
+    if options.workers_max == 0 {
+        return Err(ConfigError("--partition-workers must be at least 1".into()).into());
+    }
+    let runtime = Arc::new(Runtime::new(&config.limits, config.cache_dir.as_deref())?);
+    let (events, events_rx) = mpsc::channel();
+    let shared = Arc::new(Shared {
+        slots: Slots { free: Mutex::new(options.workers_max), freed: Condvar::new() },
+        until_idle_ms: options.until_idle_ms,
+        config,
+        input: input.clone(),
+        clock,
+        runtime,
+        on_batch,
+        events: Mutex::new(events),
+    });
+    let workers: Workers = Arc::default();
+    let failures: Arc<Mutex<Vec<Error>>> = Arc::default();
+    let member = GroupMember::join(&input, on_assignment(shared.clone(), workers.clone(), failures.clone()))?;
+    let mut summary = Summary::default();
+    let mut first_failure: Option<Error> = None;
+    loop {
+        if let Err(e) = member.poll(Duration::from_millis(MEMBER_POLL_MS)) {
+            first_failure.get_or_insert(e.into());
+        }
+        for event in events_rx.try_iter() {
+            handle_event(event, &member, &mut first_failure, &mut summary);
+        }
+        if let Some(e) = failures.lock().unwrap_or_else(|e| e.into_inner()).drain(..).next() {
+            first_failure.get_or_insert(e);
+        }
+        if first_failure.is_some() {
+            break;
+        }
+        let all_idle = {
+            let workers = workers.lock().unwrap_or_else(|e| e.into_inner());
+            !workers.is_empty() && workers.values().all(|w| w.idle.load(Ordering::Acquire))
+        };
+        if options.until_idle_ms.is_some() && all_idle {
+            tracing::info!(
+                "every partition has been idle at its end for {} ms: stopping",
+                options.until_idle_ms.unwrap_or(0)
+            );
+            break;
+        }
+    }
+    let stopping = std::mem::take(&mut *workers.lock().unwrap_or_else(|e| e.into_inner()));
+    for (p, w) in stopping {
+        if let Err(e) = w.stop(p) {
+            first_failure.get_or_insert(e);
+        }
+    }
+    for event in events_rx.try_iter() {
+        handle_event(event, &member, &mut first_failure, &mut summary);
+    }
+    member.flush_commits();
+    drop(member);
+    summary.partitions.sort_by_key(|(p, _)| *p);
+    match first_failure {
+        Some(e) => Err(e),
+        None => Ok(summary),
+    }
+}
+
+/// Commits a partition's group offset, or records how its thread ended.
+fn handle_event(event: Event, member: &GroupMember, failure: &mut Option<Error>, summary: &mut Summary) {
+    match event {
+        // The group's offset is for monitoring and for a partition without local
+        // state: a failed commit is not worth stopping for.
+        Event::Committed { partition, next } => {
+            if let Err(e) = member.commit(partition, next) {
+                tracing::warn!("{e}");
+            }
+        }
+        Event::Ended { partition, result: Ok((checkpoint, batches)) } => {
+            summary.batches += batches;
+            summary.partitions.push((partition, checkpoint));
+        }
+        Event::Ended { partition, result: Err(source) } => {
+            failure.get_or_insert(Error::Partition { partition, source });
+        }
+    }
+}

