@@ -99,6 +99,20 @@ pub enum KafkaError {
         /// The offset reached.
         at: u64,
     },
+    /// The group has consumed a partition that this process has no state for.
+    #[error(
+        "kafka topic {topic} partition {partition}: group {group} has consumed it up to offset {offset}, but this state dir holds no state for it (it was built elsewhere, and restoring a partition from a changelog is not there yet): run with the --state-dir that holds partition-{partition}, or start over with a new --group"
+    )]
+    StateElsewhere {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The group.
+        group: String,
+        /// The group's committed offset.
+        offset: u64,
+    },
 }
 
 fn base_config(bootstrap: &str, group: &str) -> ClientConfig {
@@ -156,8 +170,10 @@ pub struct PartitionReader {
 
 impl PartitionReader {
     /// A reader of `input`'s partition from `offset`: the local checkpoint's, which
-    /// is the truth; without one (no local state), the group's committed offset, and
-    /// without that, the partition's first.
+    /// is the truth; without one (no local state), the partition's first. A partition
+    /// without local state that the group has consumed past its first offset is
+    /// refused ([`KafkaError::StateElsewhere`]): its state was built by another
+    /// process or in a state dir that is gone.
     pub fn open(
         input: &KafkaInput,
         offset: Option<u64>,
@@ -182,14 +198,24 @@ impl PartitionReader {
                 list.add_partition(&input.topic, partition);
                 let committed =
                     consumer.committed_offsets(list, timeout).map_err(|e| fail("reading the group's offset", e))?;
+                // Only the low watermark: tansu's high one is wrong.
+                let first = consumer
+                    .fetch_watermarks(&input.topic, partition, timeout)
+                    .map_err(|e| fail("reading the partition's start", e))?
+                    .0
+                    .max(0) as u64;
                 match committed.find_partition(&input.topic, partition).map(|e| e.offset()) {
-                    Some(Offset::Offset(n)) if n >= 0 => n as u64,
-                    // Only the low watermark: tansu's high one is wrong.
-                    _ => consumer
-                        .fetch_watermarks(&input.topic, partition, timeout)
-                        .map_err(|e| fail("reading the partition's start", e))?
-                        .0
-                        .max(0) as u64,
+                    // Records the group has consumed made state that is not here:
+                    // starting after them without it would lose it silently.
+                    Some(Offset::Offset(n)) if n >= 0 && n as u64 > first => {
+                        return Err(KafkaError::StateElsewhere {
+                            topic: input.topic.clone(),
+                            partition,
+                            group: input.group.clone(),
+                            offset: n as u64,
+                        });
+                    }
+                    _ => first,
                 }
             }
         };

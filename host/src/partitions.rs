@@ -365,8 +365,9 @@ pub fn run(
 /// Commits a partition's group offset, or records how its thread ended.
 fn handle_event(event: Event, member: &GroupMember, failure: &mut Option<Error>, summary: &mut Summary) {
     match event {
-        // The group's offset is for monitoring and for a partition without local
-        // state: a failed commit is not worth stopping for.
+        // The group's offset is for monitoring and tells a process without a
+        // partition's state that the state exists elsewhere: a failed commit is not
+        // worth stopping for.
         Event::Committed { partition, next } => {
             if let Err(e) = member.commit(partition, next) {
                 tracing::warn!("{e}");

@@ -257,8 +257,9 @@ impl Pipeline {
                 Source::open_file(path, offset, digest, config.limits.line_bytes_max, config.follow)?
             }
             Stream::Std => Source::stdin(checkpoint.input_offset, config.limits.line_bytes_max),
-            // The local checkpoint's offset is the truth; the reader falls back to the
-            // group's committed offset only where there is no local state.
+            // The local checkpoint's offset is the truth; without local state the
+            // reader starts at the partition's first offset, and refuses a partition
+            // the group has consumed past it (its state is elsewhere).
             Stream::Kafka(input) => {
                 if input.partition.is_none() {
                     let why = "a kafka input runs one pipeline per partition: run it through partitions::run";

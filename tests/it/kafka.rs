@@ -94,6 +94,18 @@ fn one_process_over_eight_partitions_gives_the_oracles_alerts() {
     let after: Vec<_> =
         (0..PARTITIONS).map(|p| std::fs::read(dir.path().join(format!("out.jsonl.p{p}"))).unwrap()).collect();
     assert!(before == after, "a rerun over a fully read topic changed the outputs");
+    // A partition the group has consumed, whose state dir is gone, is refused rather
+    // than started after its records without their state.
+    std::fs::remove_dir_all(dir.path().join("state/partition-5")).unwrap();
+    let lost = run_command(&broker, dir.path()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&lost.stderr);
+    assert!(!lost.status.success(), "a run without partition 5's state succeeded: {stderr}");
+    assert!(
+        stderr.contains("partition 5: group alerts has consumed it up to offset")
+            && stderr.contains("run with the --state-dir that holds partition-5"),
+        "{stderr}"
+    );
+    assert!(std::fs::read(dir.path().join("out.jsonl.p5")).unwrap() == before[5], "partition 5's output changed");
 }
 
 #[test]
