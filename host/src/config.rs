@@ -75,8 +75,9 @@ impl FromStr for ErrorPolicy {
     }
 }
 
-/// Where records come from or outputs go: a file, or `-` for stdin/stdout; an input
-/// can also be a Kafka topic (`kafka://HOST:PORT/TOPIC`, given on the command line).
+/// Where records come from or outputs go: a file, or `-` for stdin/stdout; with a
+/// Kafka input, the input and the output can be Kafka topics (`kafka://HOST:PORT/TOPIC`,
+/// given on the command line).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(from = "PathBuf")]
 pub enum Stream {
@@ -84,7 +85,8 @@ pub enum Stream {
     Std,
     /// A file.
     File(PathBuf),
-    /// A Kafka topic read in a consumer group (an input only).
+    /// A Kafka topic: an input read in a consumer group, or an output produced in
+    /// the input partition's transactions.
     Kafka(KafkaInput),
 }
 
@@ -108,9 +110,16 @@ pub struct KafkaInput {
 impl KafkaInput {
     /// Parses `kafka://HOST:PORT/TOPIC`, read in consumer group `group`.
     pub fn parse(url: &str, group: &str) -> Result<Self, ConfigError> {
+        Self::parse_for("--input", url, group)
+    }
+
+    /// Parses the `kafka://HOST:PORT/TOPIC` given to `flag`, in consumer group `group`
+    /// (an output topic belongs to the input's group: its transactions are the
+    /// group's).
+    pub fn parse_for(flag: &str, url: &str, group: &str) -> Result<Self, ConfigError> {
         let bad = |why: &str| {
             ConfigError(format!(
-                "--input {url}: {why}; give kafka://HOST:PORT/TOPIC, e.g. kafka://127.0.0.1:9092/events"
+                "{flag} {url}: {why}; give kafka://HOST:PORT/TOPIC, e.g. kafka://127.0.0.1:9092/events"
             ))
         };
         let rest = url.strip_prefix(KAFKA_SCHEME).ok_or_else(|| bad("not a kafka:// URL"))?;
@@ -469,8 +478,10 @@ impl PipelineConfig {
         if self.key_field.is_empty() && !matches!(self.input, Stream::Kafka(_)) {
             return Err(ConfigError("--key-field must name a field".into()));
         }
-        if matches!(self.output, Stream::Kafka(_)) {
-            return Err(ConfigError("--output cannot be a Kafka topic yet; write to a file".into()));
+        if matches!(self.output, Stream::Kafka(_)) && !matches!(self.input, Stream::Kafka(_)) {
+            return Err(ConfigError(
+                "--output can be a Kafka topic only with a kafka:// input (its records are produced in the input partition's transaction); write to a file".into(),
+            ));
         }
         if self.timeout == TimeoutKind::EventTime && self.time_field.is_none() {
             return Err(ConfigError(

@@ -1,10 +1,13 @@
 //! Kafka, and the only module that touches rdkafka: a partition's reader (what
-//! `source.rs` reads one partition's records through) and the consumer-group member
-//! that learns which partitions this process owns and commits the group's offsets.
+//! `source.rs` reads one partition's records through), the consumer-group member
+//! that learns which partitions this process owns, a partition's transactions (its
+//! batches' outputs, changelog records and consumed offsets, each batch one
+//! transaction) and the reader of a partition's changelog (what `restore.rs` applies).
 //!
-//! Two kinds of client, so that each does one thing. The group member subscribes
-//! (cooperative-sticky), takes part in rebalances and commits offsets, but reads
-//! nothing: it pauses every partition it is given. Each partition is read by a reader
+//! Separate clients, so that each does one thing. The group member subscribes
+//! (cooperative-sticky) and takes part in rebalances, but reads nothing and commits
+//! nothing: it pauses every partition it is given; offsets are committed by each
+//! partition's transactions. Each partition is read by a reader
 //! of its own, a consumer that is assigned that one partition at an explicit offset
 //! and never joins the group, so a partition's pipeline can seek its own input
 //! (re-reading a planned batch) without disturbing the others.
@@ -13,14 +16,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
-use rdkafka::client::ClientContext;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::{ClientContext, DefaultClientContext};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, ConsumerGroupMetadata, Rebalance};
 use rdkafka::error::KafkaError as RdError;
-use rdkafka::message::Message;
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::types::RDKafkaErrorCode;
 
 use crate::clock::Clock;
 use crate::config::KafkaInput;
+use crate::export::{BatchExport, ExportBatch, ExportError};
+use crate::records::{BatchPlan, KeyChange};
+use crate::restore::{ChangelogEntry, ChangelogRecord};
 use crate::source::{Line, LineError};
 use crate::store::KEY_BYTES_MAX;
 
@@ -99,9 +108,10 @@ pub enum KafkaError {
         /// The offset reached.
         at: u64,
     },
-    /// The group has consumed a partition that this process has no state for.
+    /// The group has consumed a partition that this process has no state for, and
+    /// the changelog did not give it back.
     #[error(
-        "kafka topic {topic} partition {partition}: group {group} has consumed it up to offset {offset}, but this state dir holds no state for it (it was built elsewhere, and restoring a partition from a changelog is not there yet): run with the --state-dir that holds partition-{partition}, or start over with a new --group"
+        "kafka topic {topic} partition {partition}: group {group} has consumed it up to offset {offset}, but this state dir holds no state for it and the changelog {group}-changelog did not restore it (it was deleted, or the partition was consumed by a groupstate without a changelog): run with the --state-dir that holds partition-{partition}, or start over with a new --group"
     )]
     StateElsewhere {
         /// The topic.
@@ -112,6 +122,76 @@ pub enum KafkaError {
         group: String,
         /// The group's committed offset.
         offset: u64,
+    },
+    /// The changelog topic exists but cannot hold the input's partitions.
+    #[error(
+        "kafka changelog topic {changelog} has {has} partitions, but input topic {topic} has {needs}: every input partition needs its own; delete the changelog topic (its state is lost) or use a new --group"
+    )]
+    ChangelogPartitions {
+        /// The changelog topic.
+        changelog: String,
+        /// Its partitions.
+        has: usize,
+        /// The input topic.
+        topic: String,
+        /// The input's partitions.
+        needs: usize,
+    },
+    /// Creating the changelog topic failed.
+    #[error(
+        "kafka {bootstrap}: cannot create changelog topic {changelog} ({cause}); create it with {partitions} partitions and cleanup.policy=compact, or check the broker"
+    )]
+    ChangelogCreate {
+        /// The broker.
+        bootstrap: String,
+        /// The changelog topic.
+        changelog: String,
+        /// The partitions it needs.
+        partitions: usize,
+        /// What failed.
+        cause: String,
+    },
+    /// The partition's transaction failed.
+    #[error(
+        "kafka topic {topic} partition {partition}: {what} failed: {cause}; nothing of the batch was committed: run again to resume from the last committed batch"
+    )]
+    Transaction {
+        /// The input topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// What was being done.
+        what: &'static str,
+        /// rdkafka's error.
+        cause: RdError,
+    },
+    /// Another process took the partition over: this one is a zombie and stops.
+    #[error(
+        "kafka topic {topic} partition {partition}: another process of group {group} now owns the partition (this producer was fenced: {cause}); this process stops, and the new owner goes on from the last committed batch"
+    )]
+    Fenced {
+        /// The input topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The group.
+        group: String,
+        /// rdkafka's error, as text.
+        cause: String,
+    },
+    /// A changelog record is not one groupstate wrote.
+    #[error(
+        "kafka changelog {changelog} partition {partition} offset {offset}: {why}; the topic holds records groupstate did not write: give the group a changelog of its own (a new --group)"
+    )]
+    ChangelogRecord {
+        /// The changelog topic.
+        changelog: String,
+        /// The partition.
+        partition: i32,
+        /// The record's offset.
+        offset: i64,
+        /// What is wrong with it.
+        why: String,
     },
 }
 
@@ -454,23 +534,410 @@ impl GroupMember {
             }),
         }
     }
+}
 
-    /// Commits `next` (the offset after the last committed record) as the group's
-    /// offset of `partition`, without waiting: for monitoring, and the resume point of
-    /// a partition that has no local state.
-    pub fn commit(&self, partition: i32, next: u64) -> Result<(), KafkaError> {
+/// Header of every output and changelog record: the input partition it came from.
+pub const HEADER_PARTITION: &str = "groupstate.partition";
+/// Header of every output and changelog record: its batch id.
+pub const HEADER_BATCH: &str = "groupstate.batch";
+/// Header of every output record: its index within the batch's outputs.
+pub const HEADER_INDEX: &str = "groupstate.index";
+/// Header of every changelog record: the input offset its batch started at.
+pub const HEADER_START: &str = "groupstate.start";
+/// Header of every changelog record: the input offset after its batch.
+pub const HEADER_END: &str = "groupstate.end";
+/// The key of a batch's checkpoint record in the changelog. Not UTF-8, so no state
+/// key (UTF-8 by rule) can be it; compaction keeps the latest.
+pub const CHECKPOINT_KEY: &[u8] = b"\xffgroupstate.checkpoint";
+
+/// How long a transaction's steps may take (60 s): producing a batch to a slow
+/// broker included.
+const TRANSACTION_MS_MAX: u64 = 60_000;
+
+/// The changelog topic of `group`: every committed key change of every partition.
+pub fn changelog_topic(group: &str) -> String {
+    format!("{group}-changelog")
+}
+
+/// The transactional id of `partition`'s producer: one per input partition, so that
+/// the partition's next owner fences this one when it starts (Kafka Streams' first
+/// exactly-once design, which needs nothing of the group's generation).
+fn transactional_id(input: &KafkaInput, partition: i32) -> String {
+    format!("groupstate-{}-{}-{partition}", input.group, input.topic)
+}
+
+/// Runs a future to completion on this thread: the admin client's futures are
+/// driven by librdkafka's own threads, this only waits.
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Thread(std::thread::Thread);
+    impl Wake for Thread {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Thread(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
+    }
+}
+
+/// Checks the input topic (and the output topic, if any), and makes sure the
+/// group's changelog topic exists with a partition for each input partition
+/// (compacted); returns the input's partition count.
+pub fn prepare_topics(input: &KafkaInput, output: Option<&KafkaInput>) -> Result<usize, KafkaError> {
+    let consumer: BaseConsumer = base_config(&input.bootstrap, &input.group)
+        .create()
+        .map_err(|cause| KafkaError::Client { bootstrap: input.bootstrap.clone(), cause })?;
+    let partitions = topic_partitions(&consumer, input)?;
+    if let Some(output) = output {
+        topic_partitions(&consumer, output)?;
+    }
+    let changelog = KafkaInput { topic: changelog_topic(&input.group), ..input.clone() };
+    let create_failed = |cause: String| KafkaError::ChangelogCreate {
+        bootstrap: input.bootstrap.clone(),
+        changelog: changelog.topic.clone(),
+        partitions,
+        cause,
+    };
+    match topic_partitions(&consumer, &changelog) {
+        Ok(has) if has >= partitions => return Ok(partitions),
+        Ok(has) => {
+            return Err(KafkaError::ChangelogPartitions {
+                changelog: changelog.topic,
+                has,
+                topic: input.topic.clone(),
+                needs: partitions,
+            });
+        }
+        Err(KafkaError::NoTopic { .. }) => {}
+        Err(e) => return Err(e),
+    }
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &input.bootstrap)
+        .create()
+        .map_err(|cause| KafkaError::Client { bootstrap: input.bootstrap.clone(), cause })?;
+    let new =
+        NewTopic::new(&changelog.topic, partitions as i32, TopicReplication::Fixed(1)).set("cleanup.policy", "compact");
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_millis(BROKER_REQUEST_MS_MAX)));
+    let results = block_on(admin.create_topics([&new], &options)).map_err(|e| create_failed(e.to_string()))?;
+    for result in results {
+        match result {
+            Ok(_) => tracing::info!("kafka: created changelog topic {} ({partitions} partitions)", changelog.topic),
+            // Another member created it meanwhile.
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((_, code)) => return Err(create_failed(format!("{code:?}"))),
+        }
+    }
+    Ok(partitions)
+}
+
+/// What the group has committed for a partition: the offset after its last
+/// committed batch and, from the offset's metadata, the id of the next batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Committed {
+    /// The offset after the last committed batch (0: nothing committed).
+    pub offset: u64,
+    /// The next batch's id, if the commit was a groupstate transaction's.
+    pub next_batch_id: Option<u64>,
+}
+
+/// The offset metadata of a transaction's commit: the next batch's id.
+fn committed_metadata(next_batch_id: u64) -> String {
+    format!("groupstate next-batch {next_batch_id}")
+}
+
+/// One partition's transactions: each batch's output records, its changelog
+/// records and its consumed offset go to Kafka as one transaction, before the local
+/// commit. Opening it fences every earlier producer of the partition (a zombie's open
+/// transaction is aborted), then reads what the group has committed.
+pub struct PartitionTransactions {
+    producer: BaseProducer,
+    input: KafkaInput,
+    partition: i32,
+    changelog: String,
+    output_topic: Option<String>,
+    group_metadata: ConsumerGroupMetadata,
+    committed: Committed,
+}
+
+impl PartitionTransactions {
+    /// Opens `input`'s partition's transactional producer (fencing the partition's
+    /// earlier owners) and reads the group's committed offset.
+    pub fn open(input: &KafkaInput, output_topic: Option<String>) -> Result<Self, KafkaError> {
+        let partition = input.partition.unwrap_or(0);
+        let client = |cause| KafkaError::Client { bootstrap: input.bootstrap.clone(), cause };
+        let fail = |what, cause| KafkaError::Transaction { topic: input.topic.clone(), partition, what, cause };
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", &input.bootstrap)
+            .set("transactional.id", transactional_id(input, partition))
+            .set("transaction.timeout.ms", TRANSACTION_MS_MAX.to_string())
+            .set("linger.ms", "5")
+            .set("queue.buffering.max.messages", "1000000")
+            .create()
+            .map_err(client)?;
+        producer
+            .init_transactions(Duration::from_millis(TRANSACTION_MS_MAX))
+            .map_err(|e| fail("starting the partition's producer (init_transactions)", e))?;
+        // Only for the group's metadata and committed offset: it never joins the group.
+        let consumer: BaseConsumer = base_config(&input.bootstrap, &input.group).create().map_err(client)?;
+        let group_metadata = consumer
+            .group_metadata()
+            .ok_or_else(|| fail("reading the group's metadata", RdError::ClientCreation("none".into())))?;
         let mut list = TopicPartitionList::new();
-        let fail =
-            |cause| KafkaError::Partition { topic: self.input.topic.clone(), partition, what: "committing", cause };
-        list.add_partition_offset(&self.input.topic, partition, Offset::Offset(next as i64)).map_err(fail)?;
-        self.consumer.commit(&list, CommitMode::Async).map_err(fail)
+        list.add_partition(&input.topic, partition);
+        let timeout = Duration::from_millis(BROKER_REQUEST_MS_MAX);
+        let committed = consumer.committed_offsets(list, timeout).map_err(|e| fail("reading the group's offset", e))?;
+        let committed = match committed.find_partition(&input.topic, partition) {
+            Some(e) => match e.offset() {
+                Offset::Offset(n) if n >= 0 => Committed {
+                    offset: n as u64,
+                    next_batch_id: e.metadata().strip_prefix("groupstate next-batch ").and_then(|n| n.parse().ok()),
+                },
+                _ => Committed::default(),
+            },
+            None => Committed::default(),
+        };
+        Ok(Self {
+            producer,
+            input: input.clone(),
+            partition,
+            changelog: changelog_topic(&input.group),
+            output_topic,
+            group_metadata,
+            committed,
+        })
     }
 
-    /// Serves the member for a moment, so that the commits made without waiting reach
-    /// the broker before the member leaves the group.
-    pub fn flush_commits(&self) {
-        for _ in 0..5 {
-            let _ = self.consumer.poll(Duration::from_millis(100));
+    /// What the group had committed for the partition when this opened, or since
+    /// by this producer.
+    pub fn committed(&self) -> Committed {
+        self.committed
+    }
+
+    fn error(&self, what: &'static str, cause: RdError) -> KafkaError {
+        let fenced = match &cause {
+            RdError::Transaction(e) => {
+                e.is_fatal()
+                    || matches!(e.code(), RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch)
+            }
+            other => matches!(
+                other.rdkafka_error_code(),
+                Some(
+                    RDKafkaErrorCode::ProducerFenced
+                        | RDKafkaErrorCode::InvalidProducerEpoch
+                        | RDKafkaErrorCode::Fenced
+                )
+            ),
+        };
+        if fenced {
+            return KafkaError::Fenced {
+                topic: self.input.topic.clone(),
+                partition: self.partition,
+                group: self.input.group.clone(),
+                cause: cause.to_string(),
+            };
         }
+        KafkaError::Transaction { topic: self.input.topic.clone(), partition: self.partition, what, cause }
+    }
+
+    /// Queues one record; a full queue drains as the broker acknowledges.
+    fn send(&self, mut record: BaseRecord<'_, [u8], [u8]>) -> Result<(), KafkaError> {
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((RdError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    self.producer.poll(Duration::from_millis(10));
+                }
+                Err((cause, _)) => return Err(self.error("producing", cause)),
+            }
+        }
+    }
+
+    /// The transaction of one batch; the caller aborts on error.
+    fn transact(&mut self, batch: &ExportBatch<'_>) -> Result<(), KafkaError> {
+        let timeout = Duration::from_millis(TRANSACTION_MS_MAX);
+        let plan = batch.plan;
+        self.producer.begin_transaction().map_err(|e| self.error("beginning the transaction", e))?;
+        let (partition, batch_id) = (self.partition.to_string(), plan.batch_id.to_string());
+        if let Some(topic) = &self.output_topic {
+            for (index, out) in batch.outputs.iter().enumerate() {
+                let index = index.to_string();
+                let headers = OwnedHeaders::new_with_capacity(3)
+                    .insert(Header { key: HEADER_PARTITION, value: Some(&partition) })
+                    .insert(Header { key: HEADER_BATCH, value: Some(&batch_id) })
+                    .insert(Header { key: HEADER_INDEX, value: Some(&index) });
+                let record =
+                    BaseRecord::to(topic).key(out.key.as_bytes()).payload(out.line.as_bytes()).headers(headers);
+                self.send(record)?;
+            }
+        }
+        let (start, end) = (plan.start_offset.to_string(), plan.end_offset.to_string());
+        let headers = || {
+            OwnedHeaders::new_with_capacity(4)
+                .insert(Header { key: HEADER_PARTITION, value: Some(&partition) })
+                .insert(Header { key: HEADER_BATCH, value: Some(&batch_id) })
+                .insert(Header { key: HEADER_START, value: Some(&start) })
+                .insert(Header { key: HEADER_END, value: Some(&end) })
+        };
+        for change in batch.changes {
+            let value = change.after.as_ref().map(crate::codec::encode);
+            let mut record =
+                BaseRecord::to(&self.changelog).partition(self.partition).key(change.key.as_bytes()).headers(headers());
+            if let Some(value) = &value {
+                record = record.payload(value.as_slice());
+            }
+            self.send(record)?;
+        }
+        let checkpoint = crate::codec::encode(batch.checkpoint);
+        let record = BaseRecord::to(&self.changelog)
+            .partition(self.partition)
+            .key(CHECKPOINT_KEY)
+            .payload(checkpoint.as_slice())
+            .headers(headers());
+        self.send(record)?;
+        let mut offsets = TopicPartitionList::new();
+        let next = Offset::Offset(plan.end_offset as i64);
+        offsets
+            .add_partition_offset(&self.input.topic, self.partition, next)
+            .map_err(|e| self.error("sending the offset", e))?;
+        if let Some(mut e) = offsets.find_partition(&self.input.topic, self.partition) {
+            e.set_metadata(committed_metadata(batch.checkpoint.next_batch_id));
+        }
+        self.producer
+            .send_offsets_to_transaction(&offsets, &self.group_metadata, timeout)
+            .map_err(|e| self.error("sending the offset to the transaction", e))?;
+        self.producer.commit_transaction(timeout).map_err(|e| self.error("committing the transaction", e))?;
+        Ok(())
+    }
+}
+
+impl BatchExport for PartitionTransactions {
+    fn exported(&self, plan: &BatchPlan) -> bool {
+        match self.committed.next_batch_id {
+            Some(next) => plan.batch_id < next,
+            // Not a groupstate commit: only the offset tells.
+            None => plan.start_offset < plan.end_offset && plan.end_offset <= self.committed.offset,
+        }
+    }
+
+    fn export(&mut self, batch: &ExportBatch<'_>) -> Result<(), ExportError> {
+        if let Err(e) = self.transact(batch) {
+            if !matches!(e, KafkaError::Fenced { .. })
+                && let Err(abort) = self.producer.abort_transaction(Duration::from_millis(TRANSACTION_MS_MAX))
+            {
+                tracing::warn!("kafka: aborting the transaction of batch {} failed: {abort}", batch.plan.batch_id);
+            }
+            return Err(Box::new(e));
+        }
+        self.committed =
+            Committed { offset: batch.plan.end_offset, next_batch_id: Some(batch.checkpoint.next_batch_id) };
+        Ok(())
+    }
+}
+
+/// Reads one partition of the group's changelog from its start to its end.
+pub struct ChangelogReader {
+    consumer: BaseConsumer,
+    changelog: String,
+    partition: i32,
+    at_end: bool,
+    clock: Arc<dyn Clock>,
+}
+
+impl ChangelogReader {
+    /// A reader of `input`'s partition's changelog, from its first record.
+    pub fn open(input: &KafkaInput, clock: Arc<dyn Clock>) -> Result<Self, KafkaError> {
+        let partition = input.partition.unwrap_or(0);
+        let changelog = changelog_topic(&input.group);
+        let consumer: BaseConsumer = base_config(&input.bootstrap, &input.group)
+            .set("enable.partition.eof", "true")
+            .set("queued.max.messages.kbytes", FETCH_QUEUE_KIB_MAX.to_string())
+            .set("isolation.level", "read_committed")
+            .create()
+            .map_err(|cause| KafkaError::Client { bootstrap: input.bootstrap.clone(), cause })?;
+        let mut list = TopicPartitionList::new();
+        let fail = |cause| KafkaError::Partition { topic: changelog.clone(), partition, what: "reading", cause };
+        list.add_partition_offset(&changelog, partition, Offset::Beginning).map_err(fail)?;
+        consumer.assign(&list).map_err(fail)?;
+        Ok(Self { consumer, changelog, partition, at_end: false, clock })
+    }
+
+    /// The next record, or `None` at the partition's end.
+    pub fn next_record(&mut self) -> Result<Option<ChangelogRecord>, KafkaError> {
+        let started = self.clock.monotonic_ns();
+        while !self.at_end {
+            match self.consumer.poll(Duration::from_millis(100)) {
+                None if self.clock.monotonic_ns().saturating_sub(started) > BROKER_REQUEST_MS_MAX * 1_000_000 => {
+                    return Err(KafkaError::Partition {
+                        topic: self.changelog.clone(),
+                        partition: self.partition,
+                        what: "reading",
+                        cause: RdError::MessageConsumption(RDKafkaErrorCode::RequestTimedOut),
+                    });
+                }
+                None => {}
+                Some(Err(RdError::PartitionEOF(_))) => self.at_end = true,
+                Some(Err(cause)) => {
+                    let (topic, partition) = (self.changelog.clone(), self.partition);
+                    return Err(KafkaError::Partition { topic, partition, what: "reading", cause });
+                }
+                Some(Ok(message)) => return self.record(&message).map(Some),
+            }
+        }
+        Ok(None)
+    }
+
+    fn record(&self, message: &BorrowedMessage<'_>) -> Result<ChangelogRecord, KafkaError> {
+        let bad = |why: String| KafkaError::ChangelogRecord {
+            changelog: self.changelog.clone(),
+            partition: self.partition,
+            offset: message.offset(),
+            why,
+        };
+        let header = |name: &str| -> Result<u64, KafkaError> {
+            let headers = message.headers().ok_or_else(|| bad("it has no headers".into()))?;
+            let value = headers
+                .iter()
+                .find(|h| h.key == name)
+                .and_then(|h| h.value)
+                .ok_or_else(|| bad(format!("header {name} is missing")))?;
+            std::str::from_utf8(value)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| bad(format!("header {name} is not a number")))
+        };
+        let key = message.key().ok_or_else(|| bad("it has no key".into()))?;
+        let entry = if key == CHECKPOINT_KEY {
+            let value = message.payload().ok_or_else(|| bad("the checkpoint record is empty".into()))?;
+            ChangelogEntry::Checkpoint(
+                crate::codec::decode("changelog checkpoint", value).map_err(|e| bad(e.to_string()))?,
+            )
+        } else {
+            if key.is_empty() || key.len() > KEY_BYTES_MAX {
+                return Err(bad(format!("its key has {} bytes; keys have 1 to {KEY_BYTES_MAX}", key.len())));
+            }
+            let key = std::str::from_utf8(key).map_err(|_| bad("its key is not UTF-8".into()))?.to_owned();
+            let after: Option<crate::records::KeyRecord> = match message.payload() {
+                None => None,
+                Some(v) => Some(crate::codec::decode("changelog record", v).map_err(|e| bad(e.to_string()))?),
+            };
+            if after.as_ref().is_some_and(|r| r.is_empty()) {
+                return Err(bad("it holds an empty record (a removal is a record without a value)".into()));
+            }
+            ChangelogEntry::Key(KeyChange { key, before: None, after })
+        };
+        Ok(ChangelogRecord {
+            batch_id: header(HEADER_BATCH)?,
+            start_offset: header(HEADER_START)?,
+            end_offset: header(HEADER_END)?,
+            entry,
+        })
     }
 }

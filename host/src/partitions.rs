@@ -1,8 +1,11 @@
 //! The partitions one process owns, for a Kafka input: one `Pipeline` (the batch
 //! executor) per partition the consumer group assigns, each on a worker thread of its
 //! own with its own state dir, checkpoint, watermark and output files; started when
-//! the group assigns the partition, stopped at a batch boundary when it is revoked,
-//! and the group's offset committed after each local commit.
+//! the group assigns the partition, stopped at a batch boundary when it is revoked.
+//! Starting a partition fences its earlier owners (its transactional producer), then
+//! restores its store from the changelog if the store is missing or behind the
+//! group's commit (`restore.rs`); each batch is then one Kafka transaction (outputs,
+//! changelog, offset) followed by the local commit.
 //!
 //! A partition is the unit because a key lives in exactly one (its Kafka key picks
 //! it), so partitions share nothing: no state, no order, no watermark. The watermark
@@ -18,7 +21,7 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::config::{ConfigError, KafkaInput, PipelineConfig, Stream};
-use crate::kafka::{Assignment, GroupMember, KafkaError};
+use crate::kafka::{Assignment, ChangelogReader, GroupMember, KafkaError, PartitionTransactions};
 use crate::pipeline::{self, BatchReport, Pipeline};
 use crate::plugin::{PluginError, Runtime};
 use crate::store::Checkpoint;
@@ -63,6 +66,14 @@ pub enum Error {
         partition: i32,
         /// Its pipeline's error.
         source: pipeline::Error,
+    },
+    /// Restoring a partition's store from the changelog failed.
+    #[error("partition {partition}: {source}")]
+    Restore {
+        /// The partition.
+        partition: i32,
+        /// What failed.
+        source: crate::restore::Error,
     },
     /// A partition's thread could not start or panicked.
     #[error("partition {partition}: {what}; run again to resume from the last committed batch")]
@@ -141,12 +152,11 @@ impl Drop for SlotGuard<'_> {
     }
 }
 
-/// What a partition's thread tells the process.
-enum Event {
-    /// A batch committed locally; the next batch starts at `next`.
-    Committed { partition: i32, next: u64 },
-    /// The thread ended: stopped (with its checkpoint) or failed.
-    Ended { partition: i32, result: Result<(Checkpoint, u64), pipeline::Error> },
+/// What a partition's thread tells the process: it ended, stopped (with its
+/// checkpoint and the batches it committed) or failed.
+struct Ended {
+    partition: i32,
+    result: Result<(Checkpoint, u64), Error>,
 }
 
 /// What every partition's thread shares.
@@ -158,11 +168,11 @@ struct Shared {
     slots: Slots,
     until_idle_ms: Option<u64>,
     on_batch: OnBatch,
-    events: Mutex<mpsc::Sender<Event>>,
+    events: Mutex<mpsc::Sender<Ended>>,
 }
 
 impl Shared {
-    fn send(&self, event: Event) {
+    fn send(&self, event: Ended) {
         // The receiver lives until every thread is joined.
         let _ = self.events.lock().unwrap_or_else(|e| e.into_inner()).send(event);
     }
@@ -185,7 +195,7 @@ impl Worker {
                 let span = tracing::info_span!("partition", partition);
                 let _in_partition = span.enter();
                 let result = run_partition(&s, partition, &st, &id);
-                s.send(Event::Ended { partition, result });
+                s.send(Ended { partition, result });
             })
             .map_err(|e| Error::Thread { partition, what: format!("cannot start its thread: {e}") })?;
         tracing::info!("partition {partition}: assigned, started");
@@ -208,16 +218,27 @@ fn run_partition(
     partition: i32,
     stop: &AtomicBool,
     idle: &AtomicBool,
-) -> Result<(Checkpoint, u64), pipeline::Error> {
+) -> Result<(Checkpoint, u64), Error> {
     let config = partition_config(&shared.config, &shared.input, partition);
+    let failed = |source| Error::Partition { partition, source };
+    let input = &KafkaInput { partition: Some(partition), ..shared.input.clone() };
+    let output_topic = match &config.output {
+        Stream::Kafka(output) => Some(output.topic.clone()),
+        _ => None,
+    };
+    // Fences the partition's earlier owners before anything is read.
+    let transactions = PartitionTransactions::open(input, output_topic)?;
     let clock = shared.clock.clone();
-    let mut pipeline = Pipeline::open_in(shared.runtime.clone(), config, clock.clone())?;
+    restore_if_behind(&config, input, &transactions, clock.clone())
+        .map_err(|source| Error::Restore { partition, source })?;
+    let mut pipeline = Pipeline::open_in(shared.runtime.clone(), config, clock.clone()).map_err(failed)?;
+    pipeline.set_export(Box::new(transactions));
     let mut last_record_ns = clock.monotonic_ns();
     let mut batches = 0;
     while !stop.load(Ordering::Acquire) {
         let report = {
             let _slot = shared.slots.acquire();
-            pipeline.next_batch()?
+            pipeline.next_batch().map_err(failed)?
         };
         let now = clock.monotonic_ns();
         if let Some(report) = report {
@@ -226,15 +247,55 @@ fn run_partition(
                 last_record_ns = now;
             }
             (shared.on_batch)(partition, &report);
-            shared.send(Event::Committed { partition, next: pipeline.checkpoint().input_offset });
         }
         if let Some(ms) = shared.until_idle_ms {
             let quiet = now.saturating_sub(last_record_ns) >= ms.saturating_mul(1_000_000);
             idle.store(quiet && pipeline.input_at_end(), Ordering::Release);
         }
     }
-    pipeline.flush()?;
+    pipeline.flush().map_err(failed)?;
     Ok((pipeline.checkpoint().clone(), batches))
+}
+
+/// Restores the partition's store from the changelog when it is missing or behind
+/// what the group has committed.
+fn restore_if_behind(
+    config: &PipelineConfig,
+    input: &KafkaInput,
+    transactions: &PartitionTransactions,
+    clock: Arc<dyn Clock>,
+) -> Result<(), crate::restore::Error> {
+    let committed = transactions.committed();
+    let group = crate::restore::GroupCommit { offset: committed.offset, next_batch_id: committed.next_batch_id };
+    let limits = &config.limits;
+    let mut store = crate::store::Store::open(
+        &config.state_dir.join("store"),
+        limits.store_cache_bytes,
+        limits.store_buffer_bytes,
+        limits.store_log_bytes,
+    )?;
+    let (local, pending) = (store.checkpoint()?, store.pending_plan()?);
+    if !crate::restore::is_behind(local.as_ref(), pending.as_ref(), group) {
+        return Ok(());
+    }
+    tracing::info!(
+        "the store is {} the group's commit (input offset {}): restoring from the changelog",
+        if local.is_some() { "behind" } else { "missing; restoring up to" },
+        committed.offset
+    );
+    let mut reader =
+        ChangelogReader::open(input, clock.clone()).map_err(|e| crate::restore::Error::Read(Box::new(e)))?;
+    let mut next = || reader.next_record().map_err(|e| Box::new(e) as crate::restore::ReadError);
+    let len = |path: Option<&Path>| path.and_then(|p| std::fs::metadata(p).ok()).map_or(0, |m| m.len());
+    let output = match &config.output {
+        Stream::File(path) => Some(path.as_path()),
+        _ => None,
+    };
+    let late = pipeline::side_path(config, &config.late, "late.jsonl");
+    let dead = pipeline::side_path(config, &config.dead_letter, "dead-letter.jsonl");
+    let file_lengths = [len(output), len(Some(&late)), len(Some(&dead))];
+    crate::restore::catch_up(&mut store, group, file_lengths, clock.as_ref(), &mut next)?;
+    Ok(())
 }
 
 type Workers = Arc<Mutex<BTreeMap<i32, Worker>>>;
@@ -292,9 +353,9 @@ pub fn run(
     let Stream::Kafka(input) = config.input.clone() else {
         return Err(ConfigError("partitions::run needs a kafka:// input".into()).into());
     };
-    if !matches!(config.output, Stream::File(_)) {
+    if matches!(config.output, Stream::Std) {
         return Err(ConfigError(
-            "a kafka input writes one output file per partition (<output>.p<N>): give --output a file path, not -"
+            "a kafka input writes one output file per partition (<output>.p<N>) or a Kafka topic: give --output a file path or kafka://HOST:PORT/TOPIC, not -"
                 .into(),
         )
         .into());
@@ -302,6 +363,11 @@ pub fn run(
     if options.workers_max == 0 {
         return Err(ConfigError("--partition-workers must be at least 1".into()).into());
     }
+    let output = match &config.output {
+        Stream::Kafka(output) => Some(output),
+        _ => None,
+    };
+    crate::kafka::prepare_topics(&input, output)?;
     let runtime = Arc::new(Runtime::new(&config.limits, config.cache_dir.as_deref())?);
     let (events, events_rx) = mpsc::channel();
     let shared = Arc::new(Shared {
@@ -324,7 +390,7 @@ pub fn run(
             first_failure.get_or_insert(e.into());
         }
         for event in events_rx.try_iter() {
-            handle_event(event, &member, &mut first_failure, &mut summary);
+            handle_event(event, &mut first_failure, &mut summary);
         }
         if let Some(e) = failures.lock().unwrap_or_else(|e| e.into_inner()).drain(..).next() {
             first_failure.get_or_insert(e);
@@ -351,9 +417,8 @@ pub fn run(
         }
     }
     for event in events_rx.try_iter() {
-        handle_event(event, &member, &mut first_failure, &mut summary);
+        handle_event(event, &mut first_failure, &mut summary);
     }
-    member.flush_commits();
     drop(member);
     summary.partitions.sort_by_key(|(p, _)| *p);
     match first_failure {
@@ -362,23 +427,15 @@ pub fn run(
     }
 }
 
-/// Commits a partition's group offset, or records how its thread ended.
-fn handle_event(event: Event, member: &GroupMember, failure: &mut Option<Error>, summary: &mut Summary) {
-    match event {
-        // The group's offset is for monitoring and tells a process without a
-        // partition's state that the state exists elsewhere: a failed commit is not
-        // worth stopping for.
-        Event::Committed { partition, next } => {
-            if let Err(e) = member.commit(partition, next) {
-                tracing::warn!("{e}");
-            }
-        }
-        Event::Ended { partition, result: Ok((checkpoint, batches)) } => {
+/// Records how a partition's thread ended.
+fn handle_event(event: Ended, failure: &mut Option<Error>, summary: &mut Summary) {
+    match event.result {
+        Ok((checkpoint, batches)) => {
             summary.batches += batches;
-            summary.partitions.push((partition, checkpoint));
+            summary.partitions.push((event.partition, checkpoint));
         }
-        Event::Ended { partition, result: Err(source) } => {
-            failure.get_or_insert(Error::Partition { partition, source });
+        Err(e) => {
+            failure.get_or_insert(e);
         }
     }
 }

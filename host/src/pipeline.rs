@@ -12,6 +12,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::config::{ErrorPolicy, PipelineConfig, Stream, TimeoutKind};
 use crate::decode::Decoder;
+use crate::export::{BatchExport, ExportBatch, ExportError};
 pub use crate::function::StateFunction;
 use crate::hot_swap::SwapController;
 pub use crate::hot_swap::{Candidate, PluginStatus, SwapSender};
@@ -92,6 +93,14 @@ pub enum Error {
         key: String,
         /// What went wrong.
         cause: CallError,
+    },
+    /// The batch's export (a Kafka transaction) failed; nothing of it is committed.
+    #[error("batch {batch_id}: {cause}")]
+    Export {
+        /// The batch.
+        batch_id: u64,
+        /// What the export said.
+        cause: ExportError,
     },
     /// A batch committed, but folding the redo log into sled then failed.
     #[error(
@@ -185,6 +194,9 @@ pub struct Pipeline {
     swaps: SwapController,
     /// Per-call plugin time of the recent batches, to notice a plugin turning slow.
     pace: PaceWatch,
+    /// Where each batch goes before the local commit (a Kafka partition's
+    /// transaction), if anywhere.
+    export: Option<Box<dyn BatchExport>>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -202,7 +214,7 @@ pub fn default_cache_dir() -> Option<PathBuf> {
 }
 
 /// Where the pipeline's side outputs go when not named.
-fn side_path(config: &PipelineConfig, explicit: &Option<PathBuf>, name: &str) -> PathBuf {
+pub(crate) fn side_path(config: &PipelineConfig, explicit: &Option<PathBuf>, name: &str) -> PathBuf {
     explicit.clone().unwrap_or_else(|| config.state_dir.join(name))
 }
 
@@ -275,11 +287,8 @@ impl Pipeline {
         let output = match &config.output {
             Stream::File(path) => Sink::open_file(path, checkpoint.output_len)?,
             Stream::Std => Sink::stdout(checkpoint.output_len),
-            Stream::Kafka(_) => {
-                return Err(
-                    crate::config::ConfigError("--output cannot be a Kafka topic yet; write to a file".into()).into()
-                );
-            }
+            // Its records go out with the batch's export (`set_export`).
+            Stream::Kafka(topic) => Sink::exported(&topic.topic),
         };
         let late = Sink::open_file(&side_path(&config, &config.late, "late.jsonl"), checkpoint.late_len)?;
         let dead_letter =
@@ -299,7 +308,14 @@ impl Pipeline {
             stages: StageTimes::default(),
             runtime: None,
             pace: PaceWatch::default(),
+            export: None,
         })
+    }
+
+    /// Sends every batch through `export` before its local commit (a Kafka
+    /// partition's transaction): the local store never gets ahead of it.
+    pub fn set_export(&mut self, export: Box<dyn BatchExport>) {
+        self.export = Some(export);
     }
 
     /// The plugin's name, version and schema.
@@ -725,7 +741,7 @@ impl Pipeline {
         schema: u32,
     ) -> Result<(), Error> {
         for out in &outcome.outputs {
-            self.sinks.output.push_line(out)?;
+            self.sinks.output.push_record(key, out)?;
         }
         batch.counters.outputs += outcome.outputs.len() as u64;
         let value = match outcome.value {
@@ -800,6 +816,7 @@ impl Pipeline {
             counters: batch.counters,
         };
         (batch.keys_delta, batch.timers_delta) = stored_deltas(&batch.changes);
+        self.export(plan, &batch.changes, &next)?;
         self.store.commit(std::mem::take(&mut batch.changes), &next, durable)?;
         self.sinks.committed();
         // The new plugin has committed a batch: no rollback from here on.
@@ -808,6 +825,31 @@ impl Pipeline {
         // The batch is committed: a fold that fails now stops the run, and the next
         // start replays the log, but nothing of the batch is taken back.
         self.store.fold_if_due().map_err(|cause| Error::Fold { batch_id: plan.batch_id, cause })
+    }
+}
+
+impl Pipeline {
+    /// Sends the batch through the export, unless it went out before: a replayed
+    /// batch that ends where the export has committed is the one whose local commit
+    /// did not follow (it runs again for the local store and the files only).
+    fn export(&mut self, plan: &BatchPlan, changes: &[KeyChange], next: &Checkpoint) -> Result<(), Error> {
+        let outputs = self.sinks.output.batch_records();
+        let Some(export) = &mut self.export else {
+            if outputs.is_empty() {
+                return Ok(());
+            }
+            let why = "a Kafka topic output needs the batch's export (a Kafka input's transaction): run it through partitions::run";
+            return Err(crate::config::ConfigError(why.into()).into());
+        };
+        if export.exported(plan) {
+            tracing::info!(
+                "batch {}: its transaction committed before the local commit was cut short; not sent again",
+                plan.batch_id
+            );
+            return Ok(());
+        }
+        let batch = ExportBatch { plan, outputs, changes, checkpoint: next };
+        export.export(&batch).map_err(|cause| Error::Export { batch_id: plan.batch_id, cause })
     }
 }
 

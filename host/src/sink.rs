@@ -2,11 +2,15 @@
 //! lines are buffered, written before the store commit, and the commit records the new
 //! length; on restart a file is truncated back to its committed length, so a file sink
 //! holds every committed batch exactly once. Stdout cannot be taken back: it is
-//! at-least-once across a crash.
+//! at-least-once across a crash. A Kafka topic output only collects the batch's
+//! records with their keys: the batch's export (`export.rs`) sends them in the same
+//! transaction as the rest of the batch.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+
+use crate::export::OutputRecord;
 
 /// A batch's buffered bytes are written out early past this size (a file sink still
 /// truncates them away if the batch is not committed).
@@ -40,8 +44,16 @@ pub enum SinkError {
 }
 
 enum Target {
-    File { path: PathBuf, file: File },
+    File {
+        path: PathBuf,
+        file: File,
+    },
     Stdout,
+    /// A Kafka topic: the batch's records, handed to the export at commit.
+    Exported {
+        topic: String,
+        records: Vec<OutputRecord>,
+    },
 }
 
 /// One output stream.
@@ -91,10 +103,40 @@ impl Sink {
         Self { target: Target::Stdout, buf: Vec::new(), committed_len, written_len: committed_len }
     }
 
+    /// A sink whose records go out with the batch's export, to Kafka topic `topic`.
+    pub fn exported(topic: &str) -> Self {
+        let target = Target::Exported { topic: topic.to_owned(), records: Vec::new() };
+        Self { target, buf: Vec::new(), committed_len: 0, written_len: 0 }
+    }
+
     fn describe(&self) -> String {
         match &self.target {
             Target::File { path, .. } => path.display().to_string(),
             Target::Stdout => "stdout".to_owned(),
+            Target::Exported { topic, .. } => format!("kafka topic {topic}"),
+        }
+    }
+
+    /// Appends the line `key`'s call emitted to the current batch (a file or stdout
+    /// keeps the line only).
+    pub fn push_record(&mut self, key: &str, line: &str) -> Result<(), SinkError> {
+        if let Target::Exported { records, .. } = &mut self.target {
+            records.push(OutputRecord { key: key.to_owned(), line: line.to_owned() });
+            return Ok(());
+        }
+        self.buf.extend_from_slice(line.as_bytes());
+        self.buf.push(b'\n');
+        if self.buf.len() >= BUFFER_BYTES_MAX {
+            self.write_buf()?;
+        }
+        Ok(())
+    }
+
+    /// The current batch's records, for its export (empty unless the sink is a topic).
+    pub fn batch_records(&self) -> &[OutputRecord] {
+        match &self.target {
+            Target::Exported { records, .. } => records,
+            _ => &[],
         }
     }
 
@@ -104,12 +146,7 @@ impl Sink {
 
     /// Appends one line (a newline is added) to the current batch.
     pub fn push_line(&mut self, line: &str) -> Result<(), SinkError> {
-        self.buf.extend_from_slice(line.as_bytes());
-        self.buf.push(b'\n');
-        if self.buf.len() >= BUFFER_BYTES_MAX {
-            self.write_buf()?;
-        }
-        Ok(())
+        self.push_record("", line)
     }
 
     fn write_buf(&mut self) -> Result<(), SinkError> {
@@ -119,6 +156,7 @@ impl Sink {
         let result = match &mut self.target {
             Target::File { file, .. } => file.write_all(&self.buf),
             Target::Stdout => io::stdout().lock().write_all(&self.buf),
+            Target::Exported { .. } => Ok(()),
         };
         result.map_err(self.io_err("write"))?;
         self.written_len += self.buf.len() as u64;
@@ -132,7 +170,7 @@ impl Sink {
         self.write_buf()?;
         let result = match &mut self.target {
             Target::File { file, .. } if durable => file.sync_data(),
-            Target::File { .. } => Ok(()),
+            Target::File { .. } | Target::Exported { .. } => Ok(()),
             Target::Stdout => io::stdout().lock().flush(),
         };
         result.map_err(self.io_err("flush"))?;
@@ -142,11 +180,17 @@ impl Sink {
     /// Records that the store committed everything written so far.
     pub fn committed(&mut self) {
         self.committed_len = self.written_len;
+        if let Target::Exported { records, .. } = &mut self.target {
+            records.clear();
+        }
     }
 
     /// Drops the current batch: buffered lines, and for a file what was written early.
     pub fn abort_batch(&mut self) -> Result<(), SinkError> {
         self.buf.clear();
+        if let Target::Exported { records, .. } = &mut self.target {
+            records.clear();
+        }
         if let Target::File { file, path } = &mut self.target {
             let cut = |cause| SinkError::Io { what: "truncate", path: path.clone(), cause };
             file.set_len(self.committed_len).map_err(cut)?;

@@ -125,7 +125,8 @@ struct RunArgs {
     /// With a kafka:// input: partitions that run a batch at once [default: the cores].
     #[arg(long)]
     partition_workers: Option<usize>,
-    /// JSON Lines output file, or - for stdout.
+    /// JSON Lines output file, - for stdout, or (with a kafka:// input)
+    /// kafka://HOST:PORT/TOPIC.
     #[arg(long)]
     output: Option<PathBuf>,
     /// State directory (created if absent).
@@ -357,13 +358,8 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
                 (None, Stream::Kafka(_)) => String::new(),
                 (None, _) => bail!("--key-field is required (or give --config FILE)"),
             };
-            PipelineConfig::new(
-                plugin,
-                input,
-                Stream::from(need(&args.output, "--output")?),
-                need(&args.state_dir, "--state-dir")?,
-                key_field,
-            )
+            let output = output_stream(&need(&args.output, "--output")?, &input)?;
+            PipelineConfig::new(plugin, input, output, need(&args.state_dir, "--state-dir")?, key_field)
         }
     };
     if let Some(p) = &args.plugin {
@@ -379,7 +375,7 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
         bail!("--until-idle-ms and --partition-workers are only for a kafka:// input (a file ends by itself)");
     }
     if let Some(p) = &args.output {
-        config.output = Stream::from(p.clone());
+        config.output = output_stream(p, &config.input)?;
     }
     if let Some(p) = &args.state_dir {
         config.state_dir = p.clone();
@@ -458,6 +454,21 @@ fn input_stream(input: &std::path::Path, group: Option<&str>) -> Result<Stream> 
         format!("--input {text} needs --group NAME: the consumer group whose members share the topic's partitions")
     })?;
     Ok(Stream::Kafka(groupstate::config::KafkaInput::parse(&text, group)?))
+}
+
+/// `--output`: a file, `-`, or (with a Kafka input) a Kafka topic, produced in the
+/// input's consumer group.
+fn output_stream(output: &std::path::Path, input: &Stream) -> Result<Stream> {
+    let text = output.to_string_lossy();
+    if !text.starts_with(groupstate::config::KAFKA_SCHEME) {
+        return Ok(Stream::from(output.to_owned()));
+    }
+    let Stream::Kafka(input) = input else {
+        bail!(
+            "--output {text}: a Kafka topic output needs a kafka:// input (its records are produced in the input partition's transaction); write to a file"
+        );
+    };
+    Ok(Stream::Kafka(groupstate::config::KafkaInput::parse_for("--output", &text, &input.group)?))
 }
 
 /// `groupstate run` over a Kafka topic: one pipeline per assigned partition.
