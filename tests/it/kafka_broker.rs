@@ -111,6 +111,52 @@ impl Broker {
     }
 }
 
+impl Broker {
+    /// Every record of `topic` (all partitions, from the start, `read_committed`):
+    /// its headers as text and its value.
+    pub fn read_all(&self, topic: &str) -> Vec<(std::collections::BTreeMap<String, String>, String)> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        use rdkafka::message::{Headers, Message};
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .set("group.id", "test-reader")
+            .set("enable.partition.eof", "true")
+            .set("isolation.level", "read_committed")
+            .create()
+            .unwrap();
+        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap();
+        let partitions = metadata.topics()[0].partitions().len();
+        let mut list = rdkafka::TopicPartitionList::new();
+        for p in 0..partitions as i32 {
+            list.add_partition_offset(topic, p, rdkafka::Offset::Beginning).unwrap();
+        }
+        consumer.assign(&list).unwrap();
+        let (mut records, mut ended, mut idle) = (Vec::new(), 0, 0);
+        while ended < partitions {
+            match consumer.poll(Duration::from_millis(100)) {
+                None => {
+                    idle += 1;
+                    assert!(idle < 300, "reading {topic}: no record nor end for 30 s");
+                }
+                Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => ended += 1,
+                Some(Err(e)) => panic!("reading {topic}: {e}"),
+                Some(Ok(m)) => {
+                    idle = 0;
+                    let headers = m.headers().map_or_else(Default::default, |h| {
+                        h.iter()
+                            .map(|h| {
+                                (h.key.to_owned(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())
+                            })
+                            .collect()
+                    });
+                    records.push((headers, String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned()));
+                }
+            }
+        }
+        records
+    }
+}
+
 impl Drop for Broker {
     fn drop(&mut self) {
         let _ = self.child.kill();
