@@ -24,6 +24,7 @@ pub mod plugin;
 mod prepare;
 mod records;
 mod redo;
+pub mod state_keys;
 pub mod reload;
 pub mod scaffold;
 pub mod scenario;
