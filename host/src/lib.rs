@@ -13,6 +13,7 @@ pub mod decode;
 mod fold_mark;
 mod function;
 mod hot_swap;
+pub mod keyed;
 pub mod kafka;
 pub mod metrics;
 mod overlay;
