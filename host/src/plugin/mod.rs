@@ -311,7 +311,7 @@ impl Runtime {
         linker.allow_shadowing(false);
         StateFunction::add_to_linker::<_, wasmtime::component::HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(engine_err)?;
-        v2::bindings::StateFunction::add_to_linker::<_, wasmtime::component::HasSelf<HostState>>(&mut linker, |s| s)
+        v2::bindings::KeyedStateFunction::add_to_linker::<_, wasmtime::component::HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(engine_err)?;
         let ticker = cpu_limit.then(|| Arc::new(EpochTicker::start(engine.clone())));
         let cache = cache_dir.map(|dir| cache::Cache::new(dir, &engine));
@@ -331,7 +331,7 @@ impl Runtime {
             .map_err(|e| PluginError::Instantiate { path: path.to_owned(), message: format!("{e:#}") })?;
         let targets_v2 = component.component_type().exports(&self.engine).any(|(name, _)| name == v2::MARKER_EXPORT);
         let pre = if targets_v2 {
-            Pre::V2(v2::bindings::StateFunctionPre::new(pre).map_err(|e| PluginError::Instantiate {
+            Pre::V2(v2::bindings::KeyedStateFunctionPre::new(pre).map_err(|e| PluginError::Instantiate {
                 path: path.to_owned(),
                 message: format!("does not export the groupstate:plugin@0.2.0 state-function world: {e:#}"),
             })?)
@@ -506,13 +506,13 @@ impl std::fmt::Display for StartError {
 /// The pre-instantiated component, per the world it targets.
 enum Pre {
     V1(StateFunctionPre<HostState>),
-    V2(v2::bindings::StateFunctionPre<HostState>),
+    V2(v2::bindings::KeyedStateFunctionPre<HostState>),
 }
 
 /// An instance's exports, per the world it targets.
 enum Bindings {
     V1(StateFunction),
-    V2(v2::bindings::StateFunction),
+    V2(v2::bindings::KeyedStateFunction),
 }
 
 /// A live instance: its store, bindings and virtual environment.

@@ -14,7 +14,7 @@ use crate::plugin::Event;
 pub(super) mod bindings {
     wasmtime::component::bindgen!({
         path: "../wit/v0.2",
-        world: "state-function",
+        world: "keyed-state-function",
         imports: { default: trappable },
         with: {
             "groupstate:plugin/state.key-state": crate::plugin::v2::KeyStateHandle,
