@@ -15,3 +15,4 @@ mod languages;
 mod sandbox;
 mod scenarios;
 mod sensor;
+mod sessions;
