@@ -100,7 +100,9 @@ fn refused(what: &str, e: t::StateError) -> Error {
         }
         t::StateError::NonPositiveTime(ms) => format!("a timer's expiry must be greater than zero, not {ms}"),
         t::StateError::TimerNameTooLong(n) => format!("a timer name has at most 256 bytes, not {n}"),
-        t::StateError::KeyTooLong(n) => format!("key, variable and map key take {n} bytes of store key: use shorter map keys"),
+        t::StateError::KeyTooLong(n) => {
+            format!("key, variable and map key take {n} bytes of store key: use shorter map keys")
+        }
     };
     Error::msg(format_args!("{what}: {why}"))
 }
@@ -304,7 +306,10 @@ impl<K: MapKey, V: Serialize + DeserializeOwned> MapState<'_, K, V> {
     }
     fn key(&self, bytes: &[u8]) -> Result<K, Error> {
         K::from_bytes(bytes).ok_or_else(|| {
-            Error::msg(format_args!("{}: a stored map key does not decode: was it written with another key type?", self.name))
+            Error::msg(format_args!(
+                "{}: a stored map key does not decode: was it written with another key type?",
+                self.name
+            ))
         })
     }
 }
@@ -470,7 +475,7 @@ macro_rules! export_keyed_plugin {
                 }
             }
 
-            $crate::v2::wit::export_v2!(__GroupstatePlugin with_types_in $crate::v2::wit);
+    $crate::v2::wit::export_v2!(__GroupstatePlugin with_types_in $crate::v2::wit);
         };
     };
 }

@@ -558,7 +558,9 @@ pub fn run_batch(
                 )));
             };
             if expiry != expiry_ms {
-                return Err(StoreError::Corrupt(format!("timer {store_key:?} expires at {expiry}, its record at {expiry_ms}")));
+                return Err(StoreError::Corrupt(format!(
+                    "timer {store_key:?} expires at {expiry}, its record at {expiry_ms}"
+                )));
             }
             if view.get(&store_key)?.is_none() {
                 continue; // Deleted by a data call of this batch.

@@ -668,7 +668,8 @@ impl Pipeline {
         let Some((function, variables)) = self.swaps.plugin().keyed() else {
             return Err(crate::config::ConfigError("the plugin is not a groupstate:plugin@0.2.0 one".into()).into());
         };
-        let done = crate::keyed::run_batch(function, &self.store, variables, &ctx, &prepared.groups, threshold, limit, fail)?;
+        let done =
+            crate::keyed::run_batch(function, &self.store, variables, &ctx, &prepared.groups, threshold, limit, fail)?;
         self.stages.plugin_ns += self.since(started);
         for called in done.calls {
             let (key, events): (&str, &[Event]) = if called.timer {

@@ -210,7 +210,10 @@ mod tests {
                 (list_element_key(group, "seen", 42), Entry::ListElement("seen".into(), 42)),
                 (map_entry_key(group, "s", b"\0\xffk"), Entry::MapEntry("s".into(), b"\0\xffk".to_vec())),
                 (timer_key(group, -5, None), Entry::Timer(-5, None)),
-                (timer_key(group, 1_700_000_000_000, Some("a\0b")), Entry::Timer(1_700_000_000_000, Some("a\0b".into()))),
+                (
+                    timer_key(group, 1_700_000_000_000, Some("a\0b")),
+                    Entry::Timer(1_700_000_000_000, Some("a\0b".into())),
+                ),
             ];
             for (key, entry) in cases {
                 assert!(key.starts_with(&group_prefix(group)), "{key:?}");

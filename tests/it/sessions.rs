@@ -61,7 +61,13 @@ fn closed(dir: &Path) -> Vec<oracle::Session> {
         .map(|line| {
             let v: serde_json::Value = serde_json::from_str(line).unwrap();
             let int = |f: &str| v[f].as_i64().unwrap_or_else(|| panic!("{f} in {line}"));
-            (v["user"].as_str().unwrap().to_owned(), int("start"), int("end"), int("events") as u64, int("pages") as usize)
+            (
+                v["user"].as_str().unwrap().to_owned(),
+                int("start"),
+                int("end"),
+                int("events") as u64,
+                int("pages") as usize,
+            )
         })
         .collect();
     got.sort();

@@ -311,8 +311,11 @@ impl Runtime {
         linker.allow_shadowing(false);
         StateFunction::add_to_linker::<_, wasmtime::component::HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(engine_err)?;
-        v2::bindings::KeyedStateFunction::add_to_linker::<_, wasmtime::component::HasSelf<HostState>>(&mut linker, |s| s)
-            .map_err(engine_err)?;
+        v2::bindings::KeyedStateFunction::add_to_linker::<_, wasmtime::component::HasSelf<HostState>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(engine_err)?;
         let ticker = cpu_limit.then(|| Arc::new(EpochTicker::start(engine.clone())));
         let cache = cache_dir.map(|dir| cache::Cache::new(dir, &engine));
         Ok(Self { engine, linker, limits: limits.clone(), cache, ticker })

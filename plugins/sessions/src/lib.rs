@@ -122,7 +122,12 @@ impl KeyedFunction for Sessions {
         Ok(Sessions { gap_ms })
     }
 
-    fn process(&mut self, _user: &String, events: Vec<Event<View>>, state: &KeyState<'_>) -> Result<Vec<Closed>, Error> {
+    fn process(
+        &mut self,
+        _user: &String,
+        events: Vec<Event<View>>,
+        state: &KeyState<'_>,
+    ) -> Result<Vec<Closed>, Error> {
         let map = state.map::<i64, Session>(SESSIONS);
         for event in events {
             self.add(&map, state, event.value)?;
@@ -130,9 +135,16 @@ impl KeyedFunction for Sessions {
         Ok(vec![])
     }
 
-    fn handle_expired_timer(&mut self, user: &String, timer: Timer, state: &KeyState<'_>) -> Result<Vec<Closed>, Error> {
+    fn handle_expired_timer(
+        &mut self,
+        user: &String,
+        timer: Timer,
+        state: &KeyState<'_>,
+    ) -> Result<Vec<Closed>, Error> {
         let Some(start) = timer.name.as_deref().and_then(|n| n.parse::<i64>().ok()) else {
-            return Err(Error::msg(format_args!("timer {timer:?} is not one of this plugin's (named by a session start)")));
+            return Err(Error::msg(format_args!(
+                "timer {timer:?} is not one of this plugin's (named by a session start)"
+            )));
         };
         let map = state.map::<i64, Session>(SESSIONS);
         let Some(session) = map.get(&start)? else {
