@@ -348,7 +348,8 @@ impl KeyCall {
         let record = self.record(value)?;
         let (next, len) = self.list_meta(name)?;
         let key = Self::checked_key(sk::list_element_key(&self.key, name, next))?;
-        if self.staged.len() + 2 > self.ctx.writes_max {
+        let meta_staged = self.staged.contains_key(&sk::list_next_key(&self.key, name));
+        if self.staged.len() + 1 + usize::from(!meta_staged) > self.ctx.writes_max {
             return Err(KeyStateError::TooManyEntries(clamp_u32(self.ctx.writes_max)).into());
         }
         self.stage(key, Some(record))?;

@@ -9,6 +9,7 @@ mod cli;
 mod crash;
 mod hotload;
 mod integrity;
+mod keyed;
 mod kafka;
 mod kafka_broker;
 mod languages;
