@@ -15,7 +15,7 @@
 //! | `n` | a list's next index | none | 8 bytes, little endian |
 //! | `l` | a list element | its index, 16 hex digits | the element |
 //! | `m` | a map entry | the map key, hex | the value |
-//! | `t` | a timer (no name after the tag) | the expiry, 16 hex digits of its order-preserving form, then `-` (no name) or `+` and the name in hex | no value, the expiry as the record's deadline |
+//! | `t` | a timer (no name after the tag) | the expiry, 16 hex digits of its order-preserving form, then `-` (no name) or `~` and the name in hex (so an unnamed timer sorts first) | no value, the expiry as the record's deadline |
 //!
 //! A timer is a record with a deadline, so the store's deadline index finds expired
 //! timers without a scan of all keys, as it finds 0.1 timeouts.
@@ -128,7 +128,7 @@ pub fn timer_key(group: &str, expiry_ms: i64, name: Option<&str>) -> String {
     match name {
         None => out.push('-'),
         Some(name) => {
-            out.push('+');
+            out.push('~');
             out.push_str(&hex(name.as_bytes()));
         }
     }
@@ -158,7 +158,7 @@ pub fn parse(store_key: &str) -> Option<(String, Entry)> {
             let expiry = (ordered ^ (1 << 63)) as i64;
             let name = match rest.get(16..17)? {
                 "-" if rest.len() == 17 => None,
-                "+" => Some(String::from_utf8(unhex(&rest[17..])?).ok()?),
+                "~" => Some(String::from_utf8(unhex(&rest[17..])?).ok()?),
                 _ => return None,
             };
             Entry::Timer(expiry, name)

@@ -1053,6 +1053,75 @@ mod tests {
         (!r.is_empty()).then_some(r)
     }
 
+    /// `StoreReader` against a map: composite keys of a few groups, changed and deleted
+    /// over many commits, with folds in place and on their own thread, so that the
+    /// entries of a prefix lie in the overlay, the overlay being folded and sled's pages.
+    #[test]
+    fn reader_prefix_ranges_match_a_model_through_folds() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path(), 1 << 20, 4096, 1 << 20).unwrap();
+        let mut model: std::collections::BTreeMap<String, Vec<u8>> = std::collections::BTreeMap::new();
+        let mut seed = 7u64;
+        let mut next = |n: u64| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        let prefix = |g: u64| format!("g{g}\0mvar\0");
+        for batch in 0..300u64 {
+            let mut changes = Vec::new();
+            let mut touched = BTreeSet::new();
+            for _ in 0..next(12) {
+                let key = format!("{}{:04x}", prefix(next(4)), next(300));
+                if !touched.insert(key.clone()) {
+                    continue;
+                }
+                let before =
+                    model.get(&key).map(|v| KeyRecord { value: Some(v.clone()), timeout_ms: None, schema_version: 1 });
+                let after = if next(4) == 0 {
+                    model.remove(&key);
+                    None
+                } else {
+                    let value = format!("{batch}-{}", "x".repeat(next(200) as usize)).into_bytes();
+                    model.insert(key.clone(), value.clone());
+                    rec(Some(&value), None)
+                };
+                changes.push(KeyChange { key, before, after });
+            }
+            // A plain (0.1) key beside them, which no prefix range may return.
+            changes.push(KeyChange { key: format!("g1{batch}"), before: None, after: rec(Some(b"plain"), None) });
+            let cp = Checkpoint { next_batch_id: batch + 1, ..Checkpoint::default() };
+            store.commit(changes, &cp, false).unwrap();
+            if batch % 50 == 49 {
+                store.flush().unwrap();
+            } else {
+                store.fold_if_due().unwrap();
+            }
+            let reader = store.reader();
+            for g in 0..5 {
+                let p = prefix(g);
+                let want: Vec<(String, Vec<u8>)> = model
+                    .range(p.clone()..)
+                    .take_while(|(k, _)| k.starts_with(&p))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                let got = reader.scan_prefix(&p, 1000).unwrap();
+                let got: Vec<(String, Vec<u8>)> = got.into_iter().map(|(k, r)| (k, r.value.unwrap())).collect();
+                assert_eq!(got, want, "batch {batch}, prefix {p:?}");
+                if want.len() > 3 {
+                    assert_eq!(
+                        reader.scan_prefix(&p, 3).unwrap().len(),
+                        4,
+                        "limit + 1 tells the caller there are more"
+                    );
+                }
+                if let Some((k, v)) = want.first() {
+                    assert_eq!(reader.get(k).unwrap().and_then(|r| r.value).as_ref(), Some(v));
+                }
+            }
+        }
+        store.check_consistency().unwrap();
+    }
+
     #[test]
     fn ordered_i64_keeps_order() {
         let values = [i64::MIN, -5, -1, 0, 1, 7, 1_700_000_000_000, i64::MAX];
