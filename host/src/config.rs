@@ -172,7 +172,8 @@ pub struct Limits {
     pub instance_resources_max: usize,
     /// Wasm stack of a plugin call (default 512 KiB).
     pub wasm_stack_bytes_max: usize,
-    /// Size of one key's state value (default 1 MiB).
+    /// Size of one key's state value (default 1 MiB); with a 0.2 plugin, of each value
+    /// variable, list element, map key and map value.
     pub state_bytes_max: u64,
     /// Outputs one call may return (default 10 000).
     pub outputs_per_call_max: usize,
