@@ -50,3 +50,34 @@ pub fn sensor_alerts(input: &Path) -> BTreeSet<(String, i64, i64)> {
     }
     alerts
 }
+
+/// One closed session: (user, start, end, events, distinct pages).
+pub type Session = (String, i64, i64, u64, usize);
+
+/// The sessions plugin's logic, plainly: per user, the views sorted by time, cut where
+/// two consecutive views are `gap_ms` or more apart; a session is closed once
+/// `watermark_ms` has reached its end plus the gap.
+pub fn sessions(views: &[(String, i64, String)], gap_ms: i64, watermark_ms: i64) -> Vec<Session> {
+    let mut by_user: HashMap<&str, Vec<(i64, &str)>> = HashMap::new();
+    for (user, ts, page) in views {
+        by_user.entry(user).or_default().push((*ts, page));
+    }
+    let mut closed = Vec::new();
+    for (user, mut views) in by_user {
+        views.sort();
+        let mut start = 0;
+        for i in 1..=views.len() {
+            if i == views.len() || views[i].0 - views[i - 1].0 >= gap_ms {
+                let session = &views[start..i];
+                let end = session[session.len() - 1].0;
+                if end + gap_ms <= watermark_ms {
+                    let pages: BTreeSet<&str> = session.iter().map(|v| v.1).collect();
+                    closed.push((user.to_owned(), session[0].0, end, session.len() as u64, pages.len()));
+                }
+                start = i;
+            }
+        }
+    }
+    closed.sort();
+    closed
+}

@@ -104,6 +104,7 @@ pub mod log;
 mod params;
 mod state;
 pub mod testing;
+pub mod v2;
 
 pub use error::Error;
 pub use key::{FromKey, KeyError};

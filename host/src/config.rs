@@ -181,7 +181,8 @@ pub struct Limits {
     pub instance_resources_max: usize,
     /// Wasm stack of a plugin call (default 512 KiB).
     pub wasm_stack_bytes_max: usize,
-    /// Size of one key's state value (default 1 MiB).
+    /// Size of one key's state value (default 1 MiB); with a 0.2 plugin, of each value
+    /// variable, list element, map key and map value.
     pub state_bytes_max: u64,
     /// Outputs one call may return (default 10 000).
     pub outputs_per_call_max: usize,
@@ -199,7 +200,14 @@ pub struct Limits {
     /// (default 1 MiB).
     pub line_bytes_max: usize,
     /// Timeouts fired in one batch; the rest fire in the next batches (default 100 000).
+    /// With a 0.2 plugin, the timers fired in one batch.
     pub timeouts_per_batch_max: usize,
+    /// 0.2 plugins: the state changes one call may stage (each value set, list element,
+    /// map entry and timer is one), and the entries one read may return (default
+    /// 10 000).
+    pub state_writes_per_call_max: usize,
+    /// 0.2 plugins: the timers one key may hold (default 1 000).
+    pub timers_per_key_max: usize,
     /// Time a new plugin version may take to migrate the sample of stored values it is
     /// checked with before a hot swap (off the processing path); a slower one is
     /// refused (default 10 000 ms).
@@ -228,6 +236,8 @@ impl Default for Limits {
             transfer_bytes_max: 64 << 20,
             line_bytes_max: 1 << 20,
             timeouts_per_batch_max: 100_000,
+            state_writes_per_call_max: 10_000,
+            timers_per_key_max: 1_000,
             migration_check_ms_max: 10_000,
             store_cache_bytes: 64 << 20,
             store_buffer_bytes: 8 << 20,
@@ -467,6 +477,8 @@ impl PipelineConfig {
             Bound::new("transfer_bytes_max", l.transfer_bytes_max as u64, 1, GIB),
             Bound::new("line_bytes_max", l.line_bytes_max as u64, 1, 256 * MIB),
             Bound::new("timeouts_per_batch_max", l.timeouts_per_batch_max as u64, 1, 10_000_000),
+            Bound::new("state_writes_per_call_max", l.state_writes_per_call_max as u64, 1, 1_000_000),
+            Bound::new("timers_per_key_max", l.timers_per_key_max as u64, 1, 1_000_000),
             Bound::new("store_cache_bytes", l.store_cache_bytes, MIB, 64 * GIB),
             Bound::new("store_buffer_bytes", l.store_buffer_bytes, 0, 16 * GIB),
             Bound::new("store_log_bytes", l.store_log_bytes, 0, 16 * GIB),

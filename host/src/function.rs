@@ -1,7 +1,10 @@
 //! What the pipeline calls per key: the [`StateFunction`] trait, which a loaded wasm
 //! `Plugin` implements (and, for benchmarks, a native function).
 
+use std::sync::Arc;
+
 use crate::config::TimeoutKind;
+use crate::keyed::{KeyedFunction, Variable};
 use crate::plugin::{CallError, CallOutcome, CallRequest, Plugin, PluginInfo};
 
 /// What the pipeline calls per key: a loaded wasm [`Plugin`], or — for benchmarks and
@@ -14,6 +17,14 @@ pub trait StateFunction: Send {
     fn call(&mut self, kind: TimeoutKind, req: &CallRequest<'_>) -> Result<CallOutcome, CallError>;
     /// Converts a state value from an older schema version; see [`Plugin::migrate`].
     fn migrate(&mut self, from_version: u32, value: &[u8]) -> Result<Vec<u8>, CallError>;
+    /// The world whose state it keeps: 1 (`groupstate:plugin@0.1.0`) or 2 (0.2.0).
+    fn state_api(&self) -> u32 {
+        1
+    }
+    /// A 0.2 function's calls and declared variables (`None` for 0.1).
+    fn keyed(&mut self) -> Option<(&mut dyn KeyedFunction, Arc<Vec<Variable>>)> {
+        None
+    }
 }
 
 impl StateFunction for Plugin {
@@ -25,6 +36,16 @@ impl StateFunction for Plugin {
     }
     fn migrate(&mut self, from_version: u32, value: &[u8]) -> Result<Vec<u8>, CallError> {
         Plugin::migrate(self, from_version, value)
+    }
+    fn state_api(&self) -> u32 {
+        Plugin::state_api(self)
+    }
+    fn keyed(&mut self) -> Option<(&mut dyn KeyedFunction, Arc<Vec<Variable>>)> {
+        if Plugin::state_api(self) != 2 {
+            return None;
+        }
+        let variables = self.variables();
+        Some((self, variables))
     }
 }
 

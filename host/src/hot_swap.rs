@@ -111,6 +111,11 @@ impl SwapController {
         self.plugin.info()
     }
 
+    /// The world the running plugin targets (see `StateFunction::state_api`).
+    pub fn state_api(&self) -> u32 {
+        self.plugin.state_api()
+    }
+
     /// The running plugin's label (name, version and schema).
     pub fn label(&self) -> &str {
         &self.label

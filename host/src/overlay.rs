@@ -11,6 +11,10 @@
 //! 90 bytes a key for the sensor workload, where a map of strings to records took
 //! about 250. An arena more than half garbage (entries replaced by a later change of
 //! their key) is compacted.
+//!
+//! The composite keys of 0.2 state (`state_keys.rs`, the only keys holding a `\0`) are
+//! also kept in an ordered set, so that the entries of one list or map variable are
+//! found by a range, not a pass over every key ([`Overlay::range_from`]).
 
 use std::collections::BTreeSet;
 use std::hash::BuildHasher;
@@ -30,6 +34,8 @@ const DELETED: u32 = u32::MAX;
 const TIMER_BYTES: u64 = 32;
 /// What a hash table slot takes: the offset and a control byte.
 const SLOT_BYTES: u64 = 9;
+/// What a composite key is charged in the ordered set beyond its bytes: an estimate.
+const COMPOSITE_KEY_BYTES: u64 = 48;
 /// An arena is not compacted below this size.
 const COMPACT_MIN_BYTES: usize = 1 << 20;
 
@@ -64,7 +70,7 @@ fn entry_key(arena: &[u8], at: usize) -> &[u8] {
 }
 
 /// Committed changes not yet folded into sled.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(crate) struct Overlay {
     /// The entries, in the order they were applied.
     arena: Vec<u8>,
@@ -75,6 +81,10 @@ pub(crate) struct Overlay {
     /// The bytes of the latest entries (the rest of the arena is garbage).
     live: usize,
     hasher: foldhash::fast::RandomState,
+    /// The keys holding a `\0` (0.2 state), in key order.
+    composite: BTreeSet<Box<str>>,
+    /// What `composite` takes, about.
+    composite_bytes: u64,
 }
 
 impl std::fmt::Debug for Overlay {
@@ -100,7 +110,7 @@ impl Overlay {
             let record_len = u32::try_from(self.arena.len() - record_at).expect("records are at most RECORD_BYTES_MAX");
             self.arena[at + 2..at + 6].copy_from_slice(&record_len.to_le_bytes());
         }
-        let Self { arena, index, timers, live, hasher } = self;
+        let Self { arena, index, timers, live, hasher, composite, composite_bytes } = self;
         let hash = hasher.hash_one(key);
         match index.find_mut(hash, |&o| entry_key(arena, o) == key.as_bytes()) {
             Some(slot) => {
@@ -113,6 +123,10 @@ impl Overlay {
             }
             None => {
                 index.insert_unique(hash, at, |&o| hasher.hash_one(read_entry(arena, o).key));
+                if key.as_bytes().contains(&0) {
+                    composite.insert(key.into());
+                    *composite_bytes += key.len() as u64 + COMPOSITE_KEY_BYTES;
+                }
             }
         }
         if let Some(deadline) = deadline {
@@ -126,7 +140,7 @@ impl Overlay {
 
     /// Copies the latest entries into a new arena, in their order, and drops the rest.
     fn compact(&mut self) {
-        let Self { arena, index, timers, live, hasher } = self;
+        let Self { arena, index, timers, live, hasher, .. } = self;
         let mut kept = Vec::with_capacity(*live * 3 / 2);
         // (old offset, new offset), in the order of both.
         let mut moved: Vec<(usize, usize)> = Vec::with_capacity(index.len());
@@ -172,6 +186,13 @@ impl Overlay {
         out
     }
 
+    /// The composite keys (those holding a `\0`) from `start` on, in key order, with
+    /// their encoded records (`None`: deleted).
+    pub fn range_from<'s>(&'s self, start: &str) -> impl Iterator<Item = (&'s str, Option<&'s [u8]>)> + 's {
+        let start: Box<str> = start.into();
+        self.composite.range(start..).filter_map(|key| Some((&**key, self.get(key)?)))
+    }
+
     /// Its deadlines below `threshold` (all for `None`), in (deadline, key) order.
     pub fn timers_below(&self, threshold: Option<i64>) -> impl Iterator<Item = (i64, &str)> {
         let upper = match threshold {
@@ -196,7 +217,10 @@ impl Overlay {
 
     /// About how much memory it takes.
     pub fn bytes(&self) -> u64 {
-        self.arena.len() as u64 + self.index.capacity() as u64 * SLOT_BYTES + self.timers.len() as u64 * TIMER_BYTES
+        self.arena.len() as u64
+            + self.index.capacity() as u64 * SLOT_BYTES
+            + self.timers.len() as u64 * TIMER_BYTES
+            + self.composite_bytes
     }
 
     /// Checks that each key has one entry, its records are not empty and decode, and

@@ -261,6 +261,7 @@ impl Pipeline {
             config.limits.store_log_bytes,
         )?;
         check_identity(&store, &config)?;
+        check_state_api(&store, &config, plugin.state_api())?;
         let committed = store.checkpoint()?;
         let mut checkpoint = committed.clone().unwrap_or_default();
         let source = match &config.input {
@@ -535,7 +536,11 @@ impl Pipeline {
 
     fn has_expired_timers(&self, watermark_ms: i64, processing_time_ms: i64) -> Result<bool, Error> {
         match self.timeout_threshold(watermark_ms, processing_time_ms) {
-            Some(threshold) => Ok(!self.store.expired_timers(threshold, 1)?.is_empty()),
+            // A 0.2 timer fires at `expiry <= threshold`.
+            Some(threshold) => {
+                let threshold = if self.swaps.state_api() == 2 { threshold.saturating_add(1) } else { threshold };
+                Ok(!self.store.expired_timers(threshold, 1)?.is_empty())
+            }
             None => Ok(false),
         }
     }
@@ -637,6 +642,11 @@ impl Pipeline {
         for line in &prepared.bad_lines {
             self.sinks.dead_letter.push_line(line)?;
         }
+        // A hot swap to a plugin of the other world would read the state as it is not.
+        check_state_api(&self.store, &self.config, self.swaps.state_api())?;
+        if self.swaps.state_api() == 2 {
+            return self.call_all_keyed(batch, prepared);
+        }
         let groups = &prepared.groups;
         batch.data_keys = groups.len() as u64;
         let loaded = self.load(groups.iter().map(|(k, _)| k.as_str()))?;
@@ -660,6 +670,50 @@ impl Pipeline {
             batch.timeout_keys += 1;
             self.call_key(batch, key, &[], before, Some(*deadline))?;
         }
+        Ok(())
+    }
+
+    /// A 0.2 plugin's batch (`keyed.rs`): its data calls, then its expired timers.
+    fn call_all_keyed(&mut self, batch: &mut Batch, prepared: &Prepared) -> Result<(), Error> {
+        let started = self.clock.monotonic_ns();
+        let plan = &batch.plan;
+        let threshold = self.timeout_threshold(plan.watermark_ms, plan.processing_time_ms);
+        let schema = self.swaps.info().state_schema_version;
+        let ctx = crate::keyed::CallContext::new(self.config.timeout, plan, schema, &self.config.limits);
+        let (limit, fail) = (self.config.limits.timeouts_per_batch_max, self.config.on_error == ErrorPolicy::Fail);
+        let Some((function, variables)) = self.swaps.plugin().keyed() else {
+            return Err(crate::config::ConfigError("the plugin is not a groupstate:plugin@0.2.0 one".into()).into());
+        };
+        let done =
+            crate::keyed::run_batch(function, &self.store, variables, &ctx, &prepared.groups, threshold, limit, fail)?;
+        self.stages.plugin_ns += self.since(started);
+        for called in done.calls {
+            let (key, events): (&str, &[Event]) = if called.timer {
+                (&called.key, &[])
+            } else {
+                let events = prepared.groups.iter().find(|(k, _)| *k == called.key).map(|(_, e)| e.as_slice());
+                (&called.key, events.unwrap_or_default())
+            };
+            if called.timer {
+                batch.timeout_keys += 1;
+                batch.counters.timeout_calls += 1;
+            } else {
+                batch.data_keys += 1;
+                batch.counters.data_calls += 1;
+            }
+            match called.result {
+                Ok(outputs) => {
+                    for out in &outputs {
+                        self.sinks.output.push_line(out)?;
+                    }
+                    batch.counters.outputs += outputs.len() as u64;
+                }
+                // Its changes were not applied; the policy decides the rest (a failed
+                // timer call drops the timer, as 0.1's does).
+                Err(cause) => self.call_failed(batch, key, events, None, cause)?,
+            }
+        }
+        batch.changes = done.changes;
         Ok(())
     }
 
@@ -967,6 +1021,20 @@ fn check_identity(store: &Store, config: &PipelineConfig) -> Result<(), Error> {
         differing.iter().map(|d| format!("{} {}", d.0, value(d))).collect::<Vec<_>>().join(" ")
     };
     Err(Error::Mismatch { dir: config.state_dir.clone(), recorded: describe(true), given: describe(false) })
+}
+
+/// A state dir holds the state of one plugin world: its first run records it, and a
+/// plugin of the other world is refused (0.1 records and 0.2 entries share no layout).
+fn check_state_api(store: &Store, config: &PipelineConfig, api: u32) -> Result<(), Error> {
+    match store.state_api()? {
+        None => Ok(store.set_state_api(api)?),
+        Some(recorded) if recorded == api => Ok(()),
+        Some(recorded) => Err(Error::Mismatch {
+            dir: config.state_dir.clone(),
+            recorded: format!("a groupstate:plugin@0.{recorded}.0 plugin"),
+            given: format!("a groupstate:plugin@0.{api}.0 plugin"),
+        }),
+    }
 }
 
 /// Checks that the input can be read and the outputs written, before the state dir

@@ -64,6 +64,8 @@ const REDO_LOG: &str = "redo.log";
 const REDO_LOG_FOLDING: &str = "redo.folding.log";
 const META_PLAN: &[u8] = b"mplan";
 const META_PIPELINE: &[u8] = b"mpipeline";
+/// The plugin world whose state the dir holds (absent: 0.1).
+const META_STATE_API: &[u8] = b"mstate-api";
 
 /// How often `open` retries a locked database (20 ms apart, 5 s in all) before giving up.
 const OPEN_LOCK_RETRIES: u32 = 250;
@@ -159,7 +161,9 @@ pub struct Store {
     /// sled, and what a fold on another thread needs of it.
     folder: Folder,
     log: RedoLog,
-    overlay: Overlay,
+    /// Shared with the [`StoreReader`]s of a batch's 0.2 calls; a commit changes it in
+    /// place once they are gone (`Arc::make_mut`, which copies only if one is left).
+    overlay: Arc<Overlay>,
     /// The overlay a fold on its own thread is writing into sled (reads look here after
     /// `overlay`, before sled); dropped when that fold is done.
     folding: Option<Arc<Overlay>>,
@@ -177,6 +181,76 @@ pub struct Store {
     log_bytes: u64,
     /// Tests only: the next fold fails before it writes anything.
     fail_next_fold: std::sync::atomic::AtomicBool,
+}
+
+/// Committed state as a batch's 0.2 calls read it: point reads and prefix ranges over
+/// the overlay, the overlay a fold is writing, and sled (see [`Store::reader`]).
+pub struct StoreReader {
+    tree: sled::Tree,
+    pages: Arc<Mutex<()>>,
+    overlay: Arc<Overlay>,
+    folding: Option<Arc<Overlay>>,
+}
+
+impl std::fmt::Debug for StoreReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreReader").finish_non_exhaustive()
+    }
+}
+
+impl StoreReader {
+    /// The committed record of `key`.
+    pub fn get(&self, key: &str) -> Result<Option<KeyRecord>> {
+        let buffered = self.overlay.get(key).or_else(|| self.folding.as_ref()?.get(key));
+        if let Some(record) = buffered {
+            return Ok(record.map(|bytes| codec::decode("overlay record", bytes)).transpose()?);
+        }
+        match PageCursor::new(&self.tree).page_of(key)? {
+            Some((_, bytes)) => Ok(Page::lookup(bytes, key)?),
+            None => Ok(None),
+        }
+    }
+
+    /// The committed records of the keys that start with `prefix`, in key order: at
+    /// most `limit + 1`, so that a caller sees when there are more than `limit`. It
+    /// reads the pages of the range only, and the overlays' composite keys from
+    /// `prefix` on (`prefix` must hold a `\0`, as the keys of 0.2 state do).
+    pub fn scan_prefix(&self, prefix: &str, limit: usize) -> Result<Vec<(String, KeyRecord)>> {
+        debug_assert!(prefix.contains('\0'), "a prefix scan of keys the overlay does not order");
+        let want = limit.saturating_add(1);
+        let mut buffered: std::collections::BTreeMap<&str, Option<&[u8]>> = std::collections::BTreeMap::new();
+        if let Some(folding) = &self.folding {
+            buffered.extend(folding.range_from(prefix).take_while(|(k, _)| k.starts_with(prefix)));
+        }
+        buffered.extend(self.overlay.range_from(prefix).take_while(|(k, _)| k.starts_with(prefix)));
+        let mut found: std::collections::BTreeMap<String, KeyRecord> = std::collections::BTreeMap::new();
+        // Enough of sled's to fill `want` whatever the overlays delete.
+        let stored_max = want.saturating_add(buffered.len());
+        let walk = self.pages.lock().unwrap_or_else(PoisonError::into_inner);
+        'pages: for entry in self.tree.range(pages_above(prefix)) {
+            let (raw, bytes) = entry.map_err(io("read a page"))?;
+            let page = Page::decode(&bytes)?;
+            for (key, record) in page.entries() {
+                if key.starts_with(prefix) && !buffered.contains_key(key.as_str()) {
+                    found.insert(key.clone(), record.clone());
+                    if found.len() >= stored_max {
+                        break 'pages;
+                    }
+                }
+            }
+            if !raw[1..].starts_with(prefix.as_bytes()) {
+                // The fence is above every key with the prefix.
+                break;
+            }
+        }
+        drop(walk);
+        for (key, record) in buffered {
+            if let Some(bytes) = record {
+                found.insert(key.to_owned(), codec::decode("overlay record", bytes)?);
+            }
+        }
+        Ok(found.into_iter().take(want).collect())
+    }
 }
 
 impl Drop for Store {
@@ -328,7 +402,7 @@ impl Store {
         let mut store = Self {
             folder: Folder { dir: dir.to_owned(), db, tree, pages: Arc::default() },
             log,
-            overlay,
+            overlay: Arc::new(overlay),
             folding: None,
             fold_thread: None,
             background_chunks_max: usize::MAX,
@@ -356,6 +430,34 @@ impl Store {
     pub fn set_pipeline_identity(&self, id: &PipelineIdentity) -> Result<()> {
         self.folder.tree.insert(META_PIPELINE, codec::encode(id)).map_err(io("write pipeline identity"))?;
         Ok(())
+    }
+
+    /// The plugin world whose state this dir holds: `1` (`groupstate:plugin@0.1.0`,
+    /// also for a dir that predates the record) or `2`; `None` for a new dir.
+    pub fn state_api(&self) -> Result<Option<u32>> {
+        match read_meta::<u32>(&self.folder.tree, "state api", META_STATE_API)? {
+            Some(api) => Ok(Some(api)),
+            None if self.checkpoint.is_some() => Ok(Some(1)),
+            None => Ok(None),
+        }
+    }
+
+    /// Records the plugin world whose state this dir holds (first run only).
+    pub fn set_state_api(&self, api: u32) -> Result<()> {
+        self.folder.tree.insert(META_STATE_API, codec::encode(&api)).map_err(io("write state api"))?;
+        Ok(())
+    }
+
+    /// A reader of the committed state that owns what it reads (sled's tree and the
+    /// overlays), for the handle of a 0.2 call. Drop it before the next commit: a
+    /// commit while one is alive copies the overlay.
+    pub fn reader(&self) -> StoreReader {
+        StoreReader {
+            tree: self.folder.tree.clone(),
+            pages: self.folder.pages.clone(),
+            overlay: Arc::clone(&self.overlay),
+            folding: self.folding.clone(),
+        }
     }
 
     /// The planned but uncommitted batch, if a run stopped in the middle of one. A
@@ -477,8 +579,9 @@ impl Store {
         }
         self.log.append(self.seq + 1, &changes, checkpoint, durable)?;
         self.seq += 1;
+        let overlay = Arc::make_mut(&mut self.overlay);
         for change in &changes {
-            self.overlay.apply(&change.key, change.after.as_ref());
+            overlay.apply(&change.key, change.after.as_ref());
         }
         self.checkpoint = Some(checkpoint.clone());
         Ok(())
@@ -513,7 +616,7 @@ impl Store {
         self.check_injected_failure()?;
         let folding_log = self.folder.dir.join(REDO_LOG_FOLDING);
         self.log.rotate(&folding_log)?;
-        let overlay = Arc::new(std::mem::take(&mut self.overlay));
+        let overlay = std::mem::take(&mut self.overlay);
         self.folding = Some(Arc::clone(&overlay));
         let (folder, checkpoint, seq, chunks_max) =
             (self.folder.clone(), self.checkpoint.clone(), self.seq, self.background_chunks_max);
@@ -593,7 +696,7 @@ impl Store {
         if self.folder.fold(&self.overlay, self.checkpoint.as_ref(), self.seq, chunks_max)? {
             redo::remove(&folding_log)?;
             self.log.clear()?;
-            self.overlay = Overlay::default();
+            self.overlay = Arc::default();
         }
         Ok(())
     }
@@ -948,6 +1051,75 @@ mod tests {
     fn rec(value: Option<&[u8]>, timeout_ms: Option<i64>) -> Option<KeyRecord> {
         let r = KeyRecord { value: value.map(<[u8]>::to_vec), timeout_ms, schema_version: 1 };
         (!r.is_empty()).then_some(r)
+    }
+
+    /// `StoreReader` against a map: composite keys of a few groups, changed and deleted
+    /// over many commits, with folds in place and on their own thread, so that the
+    /// entries of a prefix lie in the overlay, the overlay being folded and sled's pages.
+    #[test]
+    fn reader_prefix_ranges_match_a_model_through_folds() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path(), 1 << 20, 4096, 1 << 20).unwrap();
+        let mut model: std::collections::BTreeMap<String, Vec<u8>> = std::collections::BTreeMap::new();
+        let mut seed = 7u64;
+        let mut next = |n: u64| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        let prefix = |g: u64| format!("g{g}\0mvar\0");
+        for batch in 0..300u64 {
+            let mut changes = Vec::new();
+            let mut touched = BTreeSet::new();
+            for _ in 0..next(12) {
+                let key = format!("{}{:04x}", prefix(next(4)), next(300));
+                if !touched.insert(key.clone()) {
+                    continue;
+                }
+                let before =
+                    model.get(&key).map(|v| KeyRecord { value: Some(v.clone()), timeout_ms: None, schema_version: 1 });
+                let after = if next(4) == 0 {
+                    model.remove(&key);
+                    None
+                } else {
+                    let value = format!("{batch}-{}", "x".repeat(next(200) as usize)).into_bytes();
+                    model.insert(key.clone(), value.clone());
+                    rec(Some(&value), None)
+                };
+                changes.push(KeyChange { key, before, after });
+            }
+            // A plain (0.1) key beside them, which no prefix range may return.
+            changes.push(KeyChange { key: format!("g1{batch}"), before: None, after: rec(Some(b"plain"), None) });
+            let cp = Checkpoint { next_batch_id: batch + 1, ..Checkpoint::default() };
+            store.commit(changes, &cp, false).unwrap();
+            if batch % 50 == 49 {
+                store.flush().unwrap();
+            } else {
+                store.fold_if_due().unwrap();
+            }
+            let reader = store.reader();
+            for g in 0..5 {
+                let p = prefix(g);
+                let want: Vec<(String, Vec<u8>)> = model
+                    .range(p.clone()..)
+                    .take_while(|(k, _)| k.starts_with(&p))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                let got = reader.scan_prefix(&p, 1000).unwrap();
+                let got: Vec<(String, Vec<u8>)> = got.into_iter().map(|(k, r)| (k, r.value.unwrap())).collect();
+                assert_eq!(got, want, "batch {batch}, prefix {p:?}");
+                if want.len() > 3 {
+                    assert_eq!(
+                        reader.scan_prefix(&p, 3).unwrap().len(),
+                        4,
+                        "limit + 1 tells the caller there are more"
+                    );
+                }
+                if let Some((k, v)) = want.first() {
+                    assert_eq!(reader.get(k).unwrap().and_then(|r| r.value).as_ref(), Some(v));
+                }
+            }
+        }
+        store.check_consistency().unwrap();
     }
 
     #[test]

@@ -7,6 +7,7 @@ mod cache;
 mod handle;
 mod limits;
 mod output;
+mod v2;
 mod wasi;
 
 use std::path::{Path, PathBuf};
@@ -228,6 +229,8 @@ pub struct HostState {
     env: Arc<VirtualEnv>,
     limits: InstanceLimiter,
     log: PluginLog,
+    /// The 0.2 call running now, which its `key-state` handle works on.
+    keyed: Option<crate::keyed::KeyCall>,
 }
 
 impl WasiView for HostState {
@@ -308,6 +311,11 @@ impl Runtime {
         linker.allow_shadowing(false);
         StateFunction::add_to_linker::<_, wasmtime::component::HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(engine_err)?;
+        v2::bindings::KeyedStateFunction::add_to_linker::<_, wasmtime::component::HasSelf<HostState>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(engine_err)?;
         let ticker = cpu_limit.then(|| Arc::new(EpochTicker::start(engine.clone())));
         let cache = cache_dir.map(|dir| cache::Cache::new(dir, &engine));
         Ok(Self { engine, linker, limits: limits.clone(), cache, ticker })
@@ -324,10 +332,18 @@ impl Runtime {
             .linker
             .instantiate_pre(&component)
             .map_err(|e| PluginError::Instantiate { path: path.to_owned(), message: format!("{e:#}") })?;
-        let pre = StateFunctionPre::new(pre).map_err(|e| PluginError::Instantiate {
-            path: path.to_owned(),
-            message: format!("does not export the state-function world: {e:#}"),
-        })?;
+        let targets_v2 = component.component_type().exports(&self.engine).any(|(name, _)| name == v2::MARKER_EXPORT);
+        let pre = if targets_v2 {
+            Pre::V2(v2::bindings::KeyedStateFunctionPre::new(pre).map_err(|e| PluginError::Instantiate {
+                path: path.to_owned(),
+                message: format!("does not export the groupstate:plugin@0.2.0 state-function world: {e:#}"),
+            })?)
+        } else {
+            Pre::V1(StateFunctionPre::new(pre).map_err(|e| PluginError::Instantiate {
+                path: path.to_owned(),
+                message: format!("does not export the state-function world: {e:#}"),
+            })?)
+        };
         let mut plugin = Plugin {
             path: path.to_owned(),
             sha256: cache::sha256_hex(&bytes),
@@ -339,12 +355,14 @@ impl Runtime {
             engine: self.engine.clone(),
             live: None,
             info: PluginInfo { name: String::new(), version: String::new(), state_schema_version: 0 },
+            variables: Arc::default(),
         };
         let live = plugin.instantiate().map_err(|e| match e {
             StartError::Instantiate(message) => PluginError::Instantiate { path: path.to_owned(), message },
             StartError::Init(message) => PluginError::Init { path: path.to_owned(), message },
         })?;
         plugin.info = live.info.clone();
+        plugin.variables = Arc::new(live.variables.clone());
         plugin.live = Some(live);
         Ok(plugin)
     }
@@ -412,7 +430,7 @@ impl Runtime {
 }
 
 /// Types the `state-function` world itself imports (its `use state.{group-state}`).
-const WORLD_TYPES: &[&str] = &["group-state"];
+const WORLD_TYPES: &[&str] = &["group-state", "key-state"];
 
 fn import_allowed(name: &str) -> bool {
     let unversioned = name.split('@').next().unwrap_or(name);
@@ -488,10 +506,24 @@ impl std::fmt::Display for StartError {
     }
 }
 
+/// The pre-instantiated component, per the world it targets.
+enum Pre {
+    V1(StateFunctionPre<HostState>),
+    V2(v2::bindings::KeyedStateFunctionPre<HostState>),
+}
+
+/// An instance's exports, per the world it targets.
+enum Bindings {
+    V1(StateFunction),
+    V2(v2::bindings::KeyedStateFunction),
+}
+
 /// A live instance: its store, bindings and virtual environment.
 struct Live {
     store: Store<HostState>,
-    bindings: StateFunction,
+    bindings: Bindings,
+    /// The variables a 0.2 plugin's `init` declared (none for 0.1).
+    variables: Vec<crate::keyed::Variable>,
     env: Arc<VirtualEnv>,
     info: PluginInfo,
 }
@@ -502,7 +534,7 @@ pub struct Plugin {
     path: PathBuf,
     sha256: String,
     size_bytes: usize,
-    pre: StateFunctionPre<HostState>,
+    pre: Pre,
     params: Vec<(String, String)>,
     limits: Limits,
     /// Keeps the epoch advancing while the plugin lives (`None`: no CPU limit).
@@ -510,6 +542,8 @@ pub struct Plugin {
     engine: Engine,
     live: Option<Live>,
     info: PluginInfo,
+    /// The variables a 0.2 plugin declared at load; every instance must declare them.
+    variables: Arc<Vec<crate::keyed::Variable>>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -601,6 +635,19 @@ impl Plugin {
         &self.path
     }
 
+    /// The world the component targets: 1 for `groupstate:plugin@0.1.0`, 2 for 0.2.0.
+    pub fn state_api(&self) -> u32 {
+        match self.pre {
+            Pre::V1(_) => 1,
+            Pre::V2(_) => 2,
+        }
+    }
+
+    /// The state variables a 0.2 plugin declared (none for 0.1).
+    pub fn variables(&self) -> Arc<Vec<crate::keyed::Variable>> {
+        self.variables.clone()
+    }
+
     fn instantiate(&self) -> Result<Live, StartError> {
         let env = Arc::new(VirtualEnv::default());
         let file_name = self.path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
@@ -616,6 +663,7 @@ impl Plugin {
             env: env.clone(),
             limits: InstanceLimiter::new(self.limits.instance_memory_bytes_max),
             log: log.clone(),
+            keyed: None,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
@@ -637,18 +685,41 @@ impl Plugin {
     fn start(&self, mut store: Store<HostState>, env: Arc<VirtualEnv>, log: &PluginLog) -> Result<Live, StartError> {
         let trap = |e: &wasmtime::Error| trap_message(e, &self.limits, log);
         self.set_deadline(&mut store);
-        let bindings = self.pre.instantiate(&mut store).map_err(|e| StartError::Instantiate(trap(&e)))?;
-        self.set_deadline(&mut store);
-        let info = bindings
-            .call_info(&mut store)
-            .map_err(|e| StartError::Instantiate(format!("info() trapped: {}", trap(&e))))?
-            .into();
-        self.set_deadline(&mut store);
-        bindings
-            .call_init(&mut store, &self.params)
-            .map_err(|e| StartError::Init(format!("init() trapped: {}", trap(&e))))?
-            .map_err(|message| StartError::Init(clip_message(&message)))?;
-        Ok(Live { store, bindings, env, info })
+        let init_trapped = |e: &wasmtime::Error| StartError::Init(format!("init() trapped: {}", trap(e)));
+        let info_trapped = |e: &wasmtime::Error| StartError::Instantiate(format!("info() trapped: {}", trap(e)));
+        match &self.pre {
+            Pre::V1(pre) => {
+                let bindings = pre.instantiate(&mut store).map_err(|e| StartError::Instantiate(trap(&e)))?;
+                self.set_deadline(&mut store);
+                let info = bindings.call_info(&mut store).map_err(|e| info_trapped(&e))?.into();
+                self.set_deadline(&mut store);
+                bindings
+                    .call_init(&mut store, &self.params)
+                    .map_err(|e| init_trapped(&e))?
+                    .map_err(|message| StartError::Init(clip_message(&message)))?;
+                Ok(Live { store, bindings: Bindings::V1(bindings), variables: Vec::new(), env, info })
+            }
+            Pre::V2(pre) => {
+                let bindings = pre.instantiate(&mut store).map_err(|e| StartError::Instantiate(trap(&e)))?;
+                self.set_deadline(&mut store);
+                let info = bindings.call_info(&mut store).map_err(|e| info_trapped(&e))?;
+                let info = PluginInfo {
+                    name: output::printable_clipped(&info.name, INFO_TEXT_BYTES_MAX),
+                    version: output::printable_clipped(&info.version, INFO_TEXT_BYTES_MAX),
+                    state_schema_version: info.state_schema_version,
+                };
+                self.set_deadline(&mut store);
+                let variables: Vec<crate::keyed::Variable> = bindings
+                    .call_init(&mut store, &self.params)
+                    .map_err(|e| init_trapped(&e))?
+                    .map_err(|message| StartError::Init(clip_message(&message)))?
+                    .into_iter()
+                    .map(Into::into)
+                    .collect();
+                crate::keyed::check_variables(&variables).map_err(|m| StartError::Init(clip_message(&m)))?;
+                Ok(Live { store, bindings: Bindings::V2(bindings), variables, env, info })
+            }
+        }
     }
 
     /// Gives the next call `call_cpu_ms_max` of CPU time.
@@ -667,6 +738,9 @@ impl Plugin {
     pub fn call(&mut self, kind: TimeoutKind, req: &CallRequest<'_>) -> Result<CallOutcome, CallError> {
         let (ticks, state_bytes_max) = (self.deadline_ticks(), self.limits.state_bytes_max);
         let live = self.live()?;
+        let Bindings::V1(bindings) = &live.bindings else {
+            return Err(CallError::BadResult("the plugin targets groupstate:plugin@0.2.0, not 0.1.0".into()));
+        };
         live.env.prepare_call(req.processing_time_ms, req.batch_id, req.key);
         let handle = GroupStateHandle::new(req, kind, state_bytes_max);
         let Ok(resource) = live.store.data_mut().table.push(handle) else {
@@ -680,7 +754,7 @@ impl Plugin {
         };
         let borrowed = wasmtime::component::Resource::<GroupStateHandle>::new_borrow(resource.rep());
         set_deadline(&mut live.store, ticks);
-        let result = live.bindings.call_process(&mut live.store, req.key, req.events, borrowed);
+        let result = bindings.call_process(&mut live.store, req.key, req.events, borrowed);
         let handle = live.store.data_mut().table.delete(resource);
         let log = live.store.data().log.clone();
         let outcome = match (result, handle) {
@@ -713,6 +787,12 @@ impl Plugin {
                     self.info, live.info
                 ))));
             }
+            if live.variables != *self.variables {
+                return Err(CallError::Reinstantiate(clip_message(&format!(
+                    "init() declared other variables than at load: {:?}, not {:?}",
+                    live.variables, self.variables
+                ))));
+            }
             self.live = Some(live);
         }
         self.live.as_mut().ok_or_else(|| CallError::Reinstantiate("no instance".into()))
@@ -722,9 +802,14 @@ impl Plugin {
     pub fn migrate(&mut self, from_version: u32, value: &[u8]) -> Result<Vec<u8>, CallError> {
         let ticks = self.deadline_ticks();
         let live = self.live()?;
+        let Bindings::V1(bindings) = &live.bindings else {
+            return Err(CallError::Returned(
+                "a groupstate:plugin@0.2.0 plugin cannot migrate state yet; keep its state-schema-version".into(),
+            ));
+        };
         let log = live.store.data().log.clone();
         set_deadline(&mut live.store, ticks);
-        let result = live.bindings.call_migrate_state(&mut live.store, from_version, value);
+        let result = bindings.call_migrate_state(&mut live.store, from_version, value);
         let outcome = match result {
             Ok(Ok(v)) if v.len() as u64 <= self.limits.state_bytes_max => Ok(v),
             Ok(Ok(v)) => Err(CallError::BadResult(format!(

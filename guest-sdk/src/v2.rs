@@ -1,0 +1,481 @@
+//! The 0.2 state API (`groupstate:plugin@0.2.0`): named state variables per key — typed
+//! [`ValueState`], [`ListState`] and [`MapState`] — and many timers per key, after
+//! Spark's `transformWithState`. Implement [`KeyedFunction`] and export it with
+//! [`export_keyed_plugin!`](crate::export_keyed_plugin).
+//!
+//! The host calls [`KeyedFunction::process`] once per key with data in a batch, then,
+//! after every data call of the batch, [`KeyedFunction::handle_expired_timer`] once
+//! per timer whose expiry the batch's watermark (event-time pipelines) or processing
+//! time (processing-time pipelines) has reached (`expiry <= threshold`). A timer
+//! registered in a batch fires in a later batch at the earliest; a timer deleted in a
+//! data call does not fire. Everything a call changes is applied only when it returns
+//! `Ok`.
+//!
+//! Each list element and map entry is stored on its own: [`ListState::append`] and
+//! [`MapState::put`] cost the same on a long list or a large map as on an empty one.
+//! Values are encoded with [`codec`](crate::codec) (bincode), map keys with
+//! [`MapKey`], whose encoding keeps their order.
+
+use std::marker::PhantomData;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::{Error, Event, FromKey, Params, PluginInfo, codec};
+
+/// The bindings wit-bindgen generates for the 0.2 world. Not part of the SDK's API.
+#[doc(hidden)]
+#[allow(unsafe_code, missing_docs, clippy::all)]
+pub mod wit {
+    wit_bindgen::generate!({
+        path: "wit/v0.2",
+        world: "keyed-state-function",
+        pub_export_macro: true,
+        export_macro_name: "export_v2",
+        default_bindings_module: "groupstate_sdk::v2::wit",
+    });
+}
+
+use wit::groupstate::plugin::state::KeyState as Handle;
+use wit::groupstate::plugin::types as t;
+
+/// The kind of a state variable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VariableKind {
+    /// One value: [`KeyState::value`].
+    Value,
+    /// A list: [`KeyState::list`].
+    List,
+    /// A map: [`KeyState::map`].
+    Map,
+}
+
+/// A state variable, declared by [`KeyedFunction::variables`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Variable {
+    /// 1 to 64 ASCII letters, digits, `_`, `-` or `.`, unique among the plugin's.
+    pub name: &'static str,
+    /// Its kind.
+    pub kind: VariableKind,
+}
+
+impl Variable {
+    /// A value variable.
+    pub const fn value(name: &'static str) -> Self {
+        Self { name, kind: VariableKind::Value }
+    }
+    /// A list variable.
+    pub const fn list(name: &'static str) -> Self {
+        Self { name, kind: VariableKind::List }
+    }
+    /// A map variable.
+    pub const fn map(name: &'static str) -> Self {
+        Self { name, kind: VariableKind::Map }
+    }
+}
+
+/// A timer of a key: its expiry (epoch milliseconds, event or processing time per the
+/// pipeline) and an optional name. A key holds at most one timer per (expiry, name).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Timer {
+    /// When it fires.
+    pub expiry_ms: i64,
+    /// Its name, at most 256 bytes.
+    pub name: Option<String>,
+}
+
+/// A request the host refused: what and why, and what to do.
+fn refused(what: &str, e: t::StateError) -> Error {
+    let why = match e {
+        t::StateError::UnknownVariable(name) => {
+            format!("no variable {name:?} of this kind is declared: add it to KeyedFunction::variables")
+        }
+        t::StateError::ValueTooLarge(max) => format!("the value is over state_bytes_max ({max} bytes)"),
+        t::StateError::TooManyEntries(max) => {
+            format!("over state_writes_per_call_max ({max}) entries in one call: change or read less per call")
+        }
+        t::StateError::TooManyTimers(max) => format!("the key holds timers_per_key_max ({max}) timers already"),
+        t::StateError::TimeModeMismatch(_) => {
+            "the pipeline has no timers: run it with --timeout event-time or processing-time".to_owned()
+        }
+        t::StateError::NonPositiveTime(ms) => format!("a timer's expiry must be greater than zero, not {ms}"),
+        t::StateError::TimerNameTooLong(n) => format!("a timer name has at most 256 bytes, not {n}"),
+        t::StateError::KeyTooLong(n) => {
+            format!("key, variable and map key take {n} bytes of store key: use shorter map keys")
+        }
+    };
+    Error::msg(format_args!("{what}: {why}"))
+}
+
+fn encode<T: Serialize + ?Sized>(what: &str, value: &T) -> Result<Vec<u8>, Error> {
+    codec::encode(value).map_err(|e| Error::msg(format_args!("{what}: cannot encode ({e})")))
+}
+
+fn decode<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, Error> {
+    codec::decode(bytes).map_err(|e| {
+        Error::msg(format_args!("{what}: stored value does not decode ({e}): was it written with another type?"))
+    })
+}
+
+/// A map key, encoded so that the byte order of the encodings is the order of the
+/// keys (so [`MapState::entries`] comes in key order).
+pub trait MapKey: Sized {
+    /// The key's bytes.
+    fn to_bytes(&self) -> Vec<u8>;
+    /// The key from its bytes, `None` when they are not one.
+    fn from_bytes(bytes: &[u8]) -> Option<Self>;
+}
+
+impl MapKey for String {
+    fn to_bytes(&self) -> Vec<u8> {
+        self.as_bytes().to_vec()
+    }
+    fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        String::from_utf8(bytes.to_vec()).ok()
+    }
+}
+
+impl MapKey for Vec<u8> {
+    fn to_bytes(&self) -> Vec<u8> {
+        self.clone()
+    }
+    fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        Some(bytes.to_vec())
+    }
+}
+
+impl MapKey for u64 {
+    fn to_bytes(&self) -> Vec<u8> {
+        self.to_be_bytes().to_vec()
+    }
+    fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        Some(u64::from_be_bytes(bytes.try_into().ok()?))
+    }
+}
+
+impl MapKey for i64 {
+    fn to_bytes(&self) -> Vec<u8> {
+        ((*self as u64) ^ (1 << 63)).to_be_bytes().to_vec()
+    }
+    fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        Some((u64::from_be_bytes(bytes.try_into().ok()?) ^ (1 << 63)) as i64)
+    }
+}
+
+/// A key's variables and timers during one call.
+pub struct KeyState<'a> {
+    handle: &'a Handle,
+}
+
+impl<'a> KeyState<'a> {
+    /// Value variable `name`, holding a `T`.
+    pub fn value<T: Serialize + DeserializeOwned>(&self, name: &'static str) -> ValueState<'a, T> {
+        ValueState { handle: self.handle, name, t: PhantomData }
+    }
+
+    /// List variable `name`, of `T`s.
+    pub fn list<T: Serialize + DeserializeOwned>(&self, name: &'static str) -> ListState<'a, T> {
+        ListState { handle: self.handle, name, t: PhantomData }
+    }
+
+    /// Map variable `name`, from `K` to `V`.
+    pub fn map<K: MapKey, V: Serialize + DeserializeOwned>(&self, name: &'static str) -> MapState<'a, K, V> {
+        MapState { handle: self.handle, name, t: PhantomData }
+    }
+
+    /// Registers a timer (see the module doc for when it fires). Registering one the
+    /// key has already changes nothing.
+    pub fn register_timer(&self, expiry_ms: i64, name: Option<&str>) -> Result<(), Error> {
+        self.handle.register_timer(expiry_ms, name).map_err(|e| refused("register-timer", e))
+    }
+
+    /// Deletes the timer (expiry, name) if the key has it.
+    pub fn delete_timer(&self, expiry_ms: i64, name: Option<&str>) -> Result<(), Error> {
+        self.handle.delete_timer(expiry_ms, name).map_err(|e| refused("delete-timer", e))
+    }
+
+    /// The key's timers in (expiry, name) order; the one being handled is not among them.
+    pub fn timers(&self) -> Result<Vec<Timer>, Error> {
+        let timers = self.handle.list_timers().map_err(|e| refused("list-timers", e))?;
+        Ok(timers.into_iter().map(|t| Timer { expiry_ms: t.expiry_ms, name: t.name }).collect())
+    }
+
+    /// The batch's watermark (epoch milliseconds), constant within the batch.
+    pub fn watermark_ms(&self) -> i64 {
+        self.handle.current_watermark_ms()
+    }
+
+    /// The batch's processing time (epoch milliseconds), constant within the batch.
+    pub fn processing_time_ms(&self) -> i64 {
+        self.handle.current_processing_time_ms()
+    }
+}
+
+/// A value variable.
+pub struct ValueState<'a, T> {
+    handle: &'a Handle,
+    name: &'static str,
+    t: PhantomData<T>,
+}
+
+impl<T: Serialize + DeserializeOwned> ValueState<'_, T> {
+    /// The value, if the variable has one.
+    pub fn get(&self) -> Result<Option<T>, Error> {
+        let what = self.name;
+        let bytes = self.handle.value_get(what).map_err(|e| refused(what, e))?;
+        bytes.map(|b| decode(what, &b)).transpose()
+    }
+    /// Sets the value.
+    pub fn set(&self, value: &T) -> Result<(), Error> {
+        let bytes = encode(self.name, value)?;
+        self.handle.value_set(self.name, &bytes).map_err(|e| refused(self.name, e))
+    }
+    /// Clears the value.
+    pub fn clear(&self) -> Result<(), Error> {
+        self.handle.value_clear(self.name).map_err(|e| refused(self.name, e))
+    }
+}
+
+/// A list variable: elements in append order, each stored on its own.
+pub struct ListState<'a, T> {
+    handle: &'a Handle,
+    name: &'static str,
+    t: PhantomData<T>,
+}
+
+impl<T: Serialize + DeserializeOwned> ListState<'_, T> {
+    /// Appends an element without reading the list.
+    pub fn append(&self, value: &T) -> Result<(), Error> {
+        let bytes = encode(self.name, value)?;
+        self.handle.list_append(self.name, &bytes).map_err(|e| refused(self.name, e))
+    }
+    /// Every element, in append order.
+    pub fn get(&self) -> Result<Vec<T>, Error> {
+        let items = self.handle.list_get(self.name).map_err(|e| refused(self.name, e))?;
+        items.iter().map(|b| decode(self.name, b)).collect()
+    }
+    /// How many elements the list holds.
+    pub fn len(&self) -> Result<u64, Error> {
+        self.handle.list_len(self.name).map_err(|e| refused(self.name, e))
+    }
+    /// Whether the list is empty.
+    pub fn is_empty(&self) -> Result<bool, Error> {
+        Ok(self.len()? == 0)
+    }
+    /// Removes every element.
+    pub fn clear(&self) -> Result<(), Error> {
+        self.handle.list_clear(self.name).map_err(|e| refused(self.name, e))
+    }
+}
+
+/// A map variable: entries in key order, each stored on its own.
+pub struct MapState<'a, K, V> {
+    handle: &'a Handle,
+    name: &'static str,
+    t: PhantomData<(K, V)>,
+}
+
+impl<K: MapKey, V: Serialize + DeserializeOwned> MapState<'_, K, V> {
+    /// The value under `key`.
+    pub fn get(&self, key: &K) -> Result<Option<V>, Error> {
+        let bytes = self.handle.map_get(self.name, &key.to_bytes()).map_err(|e| refused(self.name, e))?;
+        bytes.map(|b| decode(self.name, &b)).transpose()
+    }
+    /// Whether there is an entry under `key`.
+    pub fn contains(&self, key: &K) -> Result<bool, Error> {
+        self.handle.map_contains(self.name, &key.to_bytes()).map_err(|e| refused(self.name, e))
+    }
+    /// Sets the entry under `key`.
+    pub fn put(&self, key: &K, value: &V) -> Result<(), Error> {
+        let bytes = encode(self.name, value)?;
+        self.handle.map_put(self.name, &key.to_bytes(), &bytes).map_err(|e| refused(self.name, e))
+    }
+    /// Removes the entry under `key`, if any.
+    pub fn remove(&self, key: &K) -> Result<(), Error> {
+        self.handle.map_remove(self.name, &key.to_bytes()).map_err(|e| refused(self.name, e))
+    }
+    /// The keys, in order.
+    pub fn keys(&self) -> Result<Vec<K>, Error> {
+        let keys = self.handle.map_keys(self.name).map_err(|e| refused(self.name, e))?;
+        keys.iter().map(|k| self.key(k)).collect()
+    }
+    /// The entries, in key order.
+    pub fn entries(&self) -> Result<Vec<(K, V)>, Error> {
+        let entries = self.handle.map_entries(self.name).map_err(|e| refused(self.name, e))?;
+        entries.iter().map(|(k, v)| Ok((self.key(k)?, decode(self.name, v)?))).collect()
+    }
+    fn key(&self, bytes: &[u8]) -> Result<K, Error> {
+        K::from_bytes(bytes).ok_or_else(|| {
+            Error::msg(format_args!(
+                "{}: a stored map key does not decode: was it written with another key type?",
+                self.name
+            ))
+        })
+    }
+}
+
+/// A per-key state function on the 0.2 state API. Export it with
+/// [`export_keyed_plugin!`](crate::export_keyed_plugin).
+pub trait KeyedFunction: Sized + 'static {
+    /// The key type (see [`FromKey`]).
+    type Key: FromKey;
+    /// The event type, decoded with serde from each event's JSON payload.
+    type Event: DeserializeOwned;
+    /// The output type, each value written as one line of JSON.
+    type Output: Serialize;
+
+    /// Describes the plugin.
+    fn info() -> PluginInfo;
+    /// The state variables, the same at every instantiation.
+    fn variables() -> Vec<Variable>;
+    /// Configures a fresh instance with the pipeline's parameters.
+    fn init(params: &Params) -> Result<Self, Error>;
+    /// Called once per key with data in the batch, with its events in arrival order.
+    fn process(
+        &mut self,
+        key: &Self::Key,
+        events: Vec<Event<Self::Event>>,
+        state: &KeyState<'_>,
+    ) -> Result<Vec<Self::Output>, Error>;
+    /// Called once per expired timer, after the batch's data calls; the timer is gone
+    /// with the call whatever it returns.
+    fn handle_expired_timer(
+        &mut self,
+        key: &Self::Key,
+        timer: Timer,
+        state: &KeyState<'_>,
+    ) -> Result<Vec<Self::Output>, Error>;
+}
+
+fn outputs<O: Serialize>(outputs: Vec<O>) -> Result<Vec<String>, String> {
+    outputs
+        .iter()
+        .enumerate()
+        .map(|(i, o)| {
+            serde_json::to_string(o).map_err(|e| {
+                format!("output {i} cannot be written as JSON ({e}): check the output type's Serialize implementation")
+            })
+        })
+        .collect()
+}
+
+/// The glue of [`export_keyed_plugin!`](crate::export_keyed_plugin). Not part of the API.
+#[doc(hidden)]
+pub mod export {
+    use super::*;
+
+    const NO_INIT: &str = "called before init succeeded: the host must call init on every new instance";
+
+    pub fn info<T: KeyedFunction>() -> t::PluginInfo {
+        let info = T::info();
+        t::PluginInfo {
+            name: info.name.to_string(),
+            version: info.version.to_string(),
+            state_schema_version: info.state_schema_version,
+        }
+    }
+
+    pub fn init<T: KeyedFunction>(params: Vec<(String, String)>) -> Result<(T, Vec<t::Variable>), String> {
+        let instance = T::init(&Params::new(params)).map_err(String::from)?;
+        let variables = T::variables()
+            .into_iter()
+            .map(|v| t::Variable {
+                name: v.name.to_owned(),
+                kind: match v.kind {
+                    VariableKind::Value => t::VariableKind::Value,
+                    VariableKind::List => t::VariableKind::List,
+                    VariableKind::Map => t::VariableKind::Map,
+                },
+            })
+            .collect();
+        Ok((instance, variables))
+    }
+
+    pub fn process<T: KeyedFunction>(
+        instance: Option<&mut T>,
+        key: String,
+        events: Vec<t::Event>,
+        handle: &Handle,
+    ) -> Result<Vec<String>, String> {
+        let instance = instance.ok_or_else(|| format!("process {NO_INIT}"))?;
+        let key = T::Key::from_key(key).map_err(|e| String::from(Error::from(e)))?;
+        let count = events.len();
+        let mut decoded = Vec::with_capacity(count);
+        for (index, event) in events.into_iter().enumerate() {
+            let value = serde_json::from_str(&event.payload).map_err(|e| {
+                format!("event {index} of {count}: payload is not a valid {} ({e}): fix the input, or make the plugin's Event type accept it", std::any::type_name::<T::Event>())
+            })?;
+            decoded.push(Event { time_ms: event.event_time_ms, value });
+        }
+        let out = instance.process(&key, decoded, &KeyState { handle }).map_err(String::from)?;
+        outputs(out)
+    }
+
+    pub fn handle_expired_timer<T: KeyedFunction>(
+        instance: Option<&mut T>,
+        key: String,
+        timer: t::Timer,
+        handle: &Handle,
+    ) -> Result<Vec<String>, String> {
+        let instance = instance.ok_or_else(|| format!("handle-expired-timer {NO_INIT}"))?;
+        let key = T::Key::from_key(key).map_err(|e| String::from(Error::from(e)))?;
+        let timer = Timer { expiry_ms: timer.expiry_ms, name: timer.name };
+        let out = instance.handle_expired_timer(&key, timer, &KeyState { handle }).map_err(String::from)?;
+        outputs(out)
+    }
+}
+
+/// Exports a [`KeyedFunction`] as the `groupstate:plugin@0.2.0` world's `info`, `init`,
+/// `process` and `handle-expired-timer`. Use it once per plugin crate, at the top level:
+/// `groupstate_sdk::export_keyed_plugin!(MyFunction);`.
+#[macro_export]
+macro_rules! export_keyed_plugin {
+    ($ty:ty) => {
+        const _: () = {
+            ::std::thread_local! {
+                static __GROUPSTATE_INSTANCE: ::core::cell::RefCell<::core::option::Option<$ty>> =
+                    const { ::core::cell::RefCell::new(::core::option::Option::None) };
+            }
+
+            struct __GroupstatePlugin;
+
+            impl $crate::v2::wit::Guest for __GroupstatePlugin {
+                fn info() -> $crate::v2::wit::groupstate::plugin::types::PluginInfo {
+                    $crate::v2::export::info::<$ty>()
+                }
+
+                fn init(
+                    params: ::std::vec::Vec<(::std::string::String, ::std::string::String)>,
+                ) -> ::core::result::Result<
+                    ::std::vec::Vec<$crate::v2::wit::groupstate::plugin::types::Variable>,
+                    ::std::string::String,
+                > {
+                    let (instance, variables) = $crate::v2::export::init::<$ty>(params)?;
+                    __GROUPSTATE_INSTANCE.with_borrow_mut(|slot| *slot = ::core::option::Option::Some(instance));
+                    ::core::result::Result::Ok(variables)
+                }
+
+                fn process(
+                    key: ::std::string::String,
+                    events: ::std::vec::Vec<$crate::v2::wit::groupstate::plugin::types::Event>,
+                    state: &$crate::v2::wit::groupstate::plugin::state::KeyState,
+                ) -> ::core::result::Result<::std::vec::Vec<::std::string::String>, ::std::string::String> {
+                    __GROUPSTATE_INSTANCE
+                        .with_borrow_mut(|slot| $crate::v2::export::process::<$ty>(slot.as_mut(), key, events, state))
+                }
+
+                fn handle_expired_timer(
+                    key: ::std::string::String,
+                    timer: $crate::v2::wit::groupstate::plugin::types::Timer,
+                    state: &$crate::v2::wit::groupstate::plugin::state::KeyState,
+                ) -> ::core::result::Result<::std::vec::Vec<::std::string::String>, ::std::string::String> {
+                    __GROUPSTATE_INSTANCE.with_borrow_mut(|slot| {
+                        $crate::v2::export::handle_expired_timer::<$ty>(slot.as_mut(), key, timer, state)
+                    })
+                }
+            }
+
+    $crate::v2::wit::export_v2!(__GroupstatePlugin with_types_in $crate::v2::wit);
+        };
+    };
+}

@@ -1,0 +1,254 @@
+//! The `groupstate:plugin@0.2.0` world on the host: its bindings, the host side of the
+//! `key-state` handle (each request answered by the call's [`KeyCall`], which
+//! `keyed.rs` owns) and of its `log`, and the plugin's two calls. Generated types stop
+//! here: the engine sees `keyed::{Variable, Timer, KeyStateError}`.
+
+use wasmtime::component::Resource;
+
+use super::{Activity, CallError, HostState, Plugin, check_outputs, clip_message, set_deadline, trap_message};
+use crate::config::TimeoutKind;
+use crate::keyed::{KeyCall, KeyStateError, KeyedFunction, RequestError, Timer, Variable, VariableKind};
+use crate::plugin::Event;
+
+/// The generated bindings of the 0.2 `state-function` world.
+pub(super) mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit/v0.2",
+        world: "keyed-state-function",
+        imports: { default: trappable },
+        with: {
+            "groupstate:plugin/state.key-state": crate::plugin::v2::KeyStateHandle,
+        },
+    });
+}
+
+use bindings::groupstate::plugin::{log, state, types};
+
+/// The host's record behind a `key-state` handle: the call itself is in
+/// `HostState::keyed` for as long as the call runs.
+#[derive(Debug)]
+pub struct KeyStateHandle;
+
+/// The export a component has when it targets this world.
+pub(super) const MARKER_EXPORT: &str = "handle-expired-timer";
+
+impl From<types::Variable> for Variable {
+    fn from(v: types::Variable) -> Self {
+        let kind = match v.kind {
+            types::VariableKind::Value => VariableKind::Value,
+            types::VariableKind::List => VariableKind::List,
+            types::VariableKind::Map => VariableKind::Map,
+        };
+        Self { name: v.name, kind }
+    }
+}
+
+fn time_mode(kind: TimeoutKind) -> types::TimeMode {
+    match kind {
+        TimeoutKind::None => types::TimeMode::None,
+        TimeoutKind::ProcessingTime => types::TimeMode::ProcessingTime,
+        TimeoutKind::EventTime => types::TimeMode::EventTime,
+    }
+}
+
+impl From<KeyStateError> for types::StateError {
+    fn from(e: KeyStateError) -> Self {
+        match e {
+            KeyStateError::UnknownVariable(name) => Self::UnknownVariable(name),
+            KeyStateError::ValueTooLarge(max) => Self::ValueTooLarge(max),
+            KeyStateError::TooManyEntries(max) => Self::TooManyEntries(max),
+            KeyStateError::TooManyTimers(max) => Self::TooManyTimers(max),
+            KeyStateError::TimeModeMismatch(kind) => Self::TimeModeMismatch(time_mode(kind)),
+            KeyStateError::NonPositiveTime(t) => Self::NonPositiveTime(t),
+            KeyStateError::TimerNameTooLong(n) => Self::TimerNameTooLong(n),
+            KeyStateError::KeyTooLong(n) => Self::KeyTooLong(n),
+        }
+    }
+}
+
+type Answer<T> = wasmtime::Result<Result<T, types::StateError>>;
+
+impl HostState {
+    fn keyed_call(&mut self) -> wasmtime::Result<&mut KeyCall> {
+        self.keyed.as_mut().ok_or_else(|| wasmtime::Error::msg("key-state handle used outside its call"))
+    }
+
+    /// Runs one request; a store failure under it traps the call and is kept for the
+    /// engine, which stops the batch with it.
+    fn answer<T>(&mut self, f: impl FnOnce(&mut KeyCall) -> Result<T, RequestError>) -> Answer<T> {
+        let call = self.keyed_call()?;
+        match f(call) {
+            Ok(v) => Ok(Ok(v)),
+            Err(RequestError::Refused(e)) => Ok(Err(e.into())),
+            Err(RequestError::Store(e)) => {
+                let message = format!("state store read failed: {e}");
+                call.store_error = Some(e);
+                Err(wasmtime::Error::msg(message))
+            }
+        }
+    }
+}
+
+type H = Resource<KeyStateHandle>;
+
+impl state::HostKeyState for HostState {
+    fn value_get(&mut self, _: H, name: String) -> Answer<Option<Vec<u8>>> {
+        self.answer(|c| c.value_get(&name))
+    }
+    fn value_set(&mut self, _: H, name: String, value: Vec<u8>) -> Answer<()> {
+        self.answer(|c| c.value_set(&name, value))
+    }
+    fn value_clear(&mut self, _: H, name: String) -> Answer<()> {
+        self.answer(|c| c.value_clear(&name))
+    }
+    fn list_append(&mut self, _: H, name: String, value: Vec<u8>) -> Answer<()> {
+        self.answer(|c| c.list_append(&name, value))
+    }
+    fn list_get(&mut self, _: H, name: String) -> Answer<Vec<Vec<u8>>> {
+        self.answer(|c| c.list_get(&name))
+    }
+    fn list_len(&mut self, _: H, name: String) -> Answer<u64> {
+        self.answer(|c| c.list_len(&name))
+    }
+    fn list_clear(&mut self, _: H, name: String) -> Answer<()> {
+        self.answer(|c| c.list_clear(&name))
+    }
+    fn map_get(&mut self, _: H, name: String, key: Vec<u8>) -> Answer<Option<Vec<u8>>> {
+        self.answer(|c| c.map_get(&name, &key))
+    }
+    fn map_contains(&mut self, _: H, name: String, key: Vec<u8>) -> Answer<bool> {
+        self.answer(|c| Ok(c.map_get(&name, &key)?.is_some()))
+    }
+    fn map_put(&mut self, _: H, name: String, key: Vec<u8>, value: Vec<u8>) -> Answer<()> {
+        self.answer(|c| c.map_put(&name, &key, value))
+    }
+    fn map_remove(&mut self, _: H, name: String, key: Vec<u8>) -> Answer<()> {
+        self.answer(|c| c.map_remove(&name, &key))
+    }
+    fn map_keys(&mut self, _: H, name: String) -> Answer<Vec<Vec<u8>>> {
+        self.answer(|c| Ok(c.map_entries(&name)?.into_iter().map(|(k, _)| k).collect()))
+    }
+    fn map_entries(&mut self, _: H, name: String) -> Answer<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.answer(|c| c.map_entries(&name))
+    }
+    fn register_timer(&mut self, _: H, expiry_ms: i64, name: Option<String>) -> Answer<()> {
+        self.answer(|c| c.register_timer(expiry_ms, name.as_deref()))
+    }
+    fn delete_timer(&mut self, _: H, expiry_ms: i64, name: Option<String>) -> Answer<()> {
+        self.answer(|c| c.delete_timer(expiry_ms, name.as_deref()))
+    }
+    fn list_timers(&mut self, _: H) -> Answer<Vec<types::Timer>> {
+        self.answer(|c| {
+            Ok(c.list_timers()?.into_iter().map(|t| types::Timer { expiry_ms: t.expiry_ms, name: t.name }).collect())
+        })
+    }
+    fn time_mode(&mut self, _: H) -> wasmtime::Result<types::TimeMode> {
+        Ok(time_mode(self.keyed_call()?.ctx.kind))
+    }
+    fn current_watermark_ms(&mut self, _: H) -> wasmtime::Result<i64> {
+        Ok(self.keyed_call()?.ctx.watermark_ms)
+    }
+    fn current_processing_time_ms(&mut self, _: H) -> wasmtime::Result<i64> {
+        Ok(self.keyed_call()?.ctx.processing_time_ms)
+    }
+    fn drop(&mut self, _: H) -> wasmtime::Result<()> {
+        // The host owns the handle and deletes it when the call returns; the guest only
+        // holds borrows.
+        Ok(())
+    }
+}
+
+impl state::Host for HostState {}
+impl types::Host for HostState {}
+
+impl log::Host for HostState {
+    fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
+        let level = match level {
+            log::Level::Trace => "trace",
+            log::Level::Debug => "debug",
+            log::Level::Info => "info",
+            log::Level::Warn => "warn",
+            log::Level::Error => "error",
+        };
+        self.log.message(level, &message);
+        Ok(())
+    }
+}
+
+/// Which export a 0.2 call makes.
+enum Export<'a> {
+    Process(&'a [Event]),
+    Timer(&'a Timer),
+}
+
+impl Plugin {
+    /// One 0.2 call for `call.key`; the call comes back with what it staged.
+    fn call_keyed(&mut self, call: KeyCall, export: Export<'_>) -> (Result<Vec<String>, CallError>, KeyCall) {
+        let ticks = self.deadline_ticks();
+        let live = match self.live() {
+            Ok(live) => live,
+            Err(e) => return (Err(e), call),
+        };
+        let super::Bindings::V2(bindings) = &live.bindings else {
+            let why = "the plugin targets groupstate:plugin@0.1.0, not 0.2.0".to_owned();
+            return (Err(CallError::BadResult(why)), call);
+        };
+        live.env.prepare_call(call.ctx.processing_time_ms, call.ctx.batch_id, &call.key);
+        let key = call.key.clone();
+        live.store.data_mut().keyed = Some(call);
+        let resource = match live.store.data_mut().table.push(KeyStateHandle) {
+            Ok(resource) => resource,
+            Err(_) => {
+                let call = live.store.data_mut().keyed.take();
+                self.live = None;
+                let why = format!(
+                    "no room for the key-state handle (instance_resources_max = {}: the plugin holds too many handles; drop the ones it no longer uses)",
+                    self.limits.instance_resources_max
+                );
+                return (Err(CallError::Trap(why)), call.expect("the call was just put there"));
+            }
+        };
+        let borrowed = Resource::<KeyStateHandle>::new_borrow(resource.rep());
+        set_deadline(&mut live.store, ticks);
+        let result = match export {
+            Export::Process(events) => {
+                // The 0.2 world's `event` is its own generated type, of the same shape.
+                let events: Vec<types::Event> = events
+                    .iter()
+                    .map(|e| types::Event { event_time_ms: e.event_time_ms, payload: e.payload.clone() })
+                    .collect();
+                bindings.call_process(&mut live.store, &key, &events, borrowed)
+            }
+            Export::Timer(timer) => {
+                let timer = types::Timer { expiry_ms: timer.expiry_ms, name: timer.name.clone() };
+                bindings.call_handle_expired_timer(&mut live.store, &key, &timer, borrowed)
+            }
+        };
+        let deleted = live.store.data_mut().table.delete(resource);
+        let call = live.store.data_mut().keyed.take().expect("the call stays in the store while it runs");
+        let log = live.store.data().log.clone();
+        let outcome = match (result, deleted) {
+            (Ok(Ok(outputs)), Ok(_)) => check_outputs(outputs, &self.limits),
+            (Ok(Err(message)), _) => Err(CallError::Returned(clip_message(&message))),
+            (Err(e), _) => {
+                self.live = None;
+                Err(CallError::Trap(trap_message(&e, &self.limits, &log)))
+            }
+            (Ok(Ok(_)), Err(e)) => {
+                self.live = None;
+                Err(CallError::Trap(format!("state handle lost: {e}")))
+            }
+        };
+        log.flush(Activity::Key(&key));
+        (outcome, call)
+    }
+}
+
+impl KeyedFunction for Plugin {
+    fn process(&mut self, call: KeyCall, events: &[Event]) -> (Result<Vec<String>, CallError>, KeyCall) {
+        self.call_keyed(call, Export::Process(events))
+    }
+    fn expired_timer(&mut self, call: KeyCall, timer: &Timer) -> (Result<Vec<String>, CallError>, KeyCall) {
+        self.call_keyed(call, Export::Timer(timer))
+    }
+}

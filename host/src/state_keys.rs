@@ -1,0 +1,257 @@
+//! The store keys of 0.2 state (`groupstate:plugin@0.2.0`): every value variable, list
+//! element, map entry and timer of a group key is one store entry of its own, under a
+//! composite key, so that it travels through `Store::commit` as a `KeyChange` like a
+//! 0.1 key's record and an append or a put touches one entry.
+//!
+//! A composite key is `G \0 tag name \0 suffix`, where `G` is the group key with `\u{1}`
+//! written as `\u{1}\u{2}` and `\0` as `\u{1}\u{1}` (so `G \0` starts the entries of
+//! one group key and of no other), `name` a declared variable's name (letters, digits,
+//! `_`, `-`, `.`: no `\0`) and the suffix hex, so that a key stays UTF-8 and a
+//! variable's entries sort by their user key bytes:
+//!
+//! | tag | entry | suffix | record |
+//! | --- | --- | --- | --- |
+//! | `v` | a value variable | none | the value |
+//! | `n` | a list's next index | none | 8 bytes, little endian |
+//! | `l` | a list element | its index, 16 hex digits | the element |
+//! | `m` | a map entry | the map key, hex | the value |
+//! | `t` | a timer (no name after the tag) | the expiry, 16 hex digits of its order-preserving form, then `-` (no name) or `~` and the name in hex (so an unnamed timer sorts first) | no value, the expiry as the record's deadline |
+//!
+//! A timer is a record with a deadline, so the store's deadline index finds expired
+//! timers without a scan of all keys, as it finds 0.1 timeouts.
+
+use crate::codec::hex;
+
+/// The longest a variable's name may be.
+pub const VARIABLE_NAME_BYTES_MAX: usize = 64;
+
+/// The longest a timer's name may be.
+pub const TIMER_NAME_BYTES_MAX: usize = 256;
+
+/// Separates the group key from the rest, and a variable's name from its suffix.
+const SEP: char = '\0';
+
+/// One entry of a group key's 0.2 state, as its store key names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    /// A value variable.
+    Value(String),
+    /// The next index of a list variable.
+    ListNext(String),
+    /// A list element.
+    ListElement(String, u64),
+    /// A map entry and its map key.
+    MapEntry(String, Vec<u8>),
+    /// A timer: its expiry and name.
+    Timer(i64, Option<String>),
+}
+
+/// Whether `name` may name a variable (see [`VARIABLE_NAME_BYTES_MAX`]).
+pub fn valid_variable_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= VARIABLE_NAME_BYTES_MAX
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+}
+
+/// The prefix of every entry of `group`.
+pub fn group_prefix(group: &str) -> String {
+    let mut out = String::with_capacity(group.len() + 1);
+    for c in group.chars() {
+        match c {
+            '\u{1}' => out.push_str("\u{1}\u{2}"),
+            '\0' => out.push_str("\u{1}\u{1}"),
+            c => out.push(c),
+        }
+    }
+    out.push(SEP);
+    out
+}
+
+/// The prefix of the entries of variable `name` with `tag`, within `group`.
+fn variable_prefix(group: &str, tag: char, name: &str) -> String {
+    let mut out = group_prefix(group);
+    out.push(tag);
+    out.push_str(name);
+    out.push(SEP);
+    out
+}
+
+/// The store key of value variable `name`.
+pub fn value_key(group: &str, name: &str) -> String {
+    let mut out = group_prefix(group);
+    out.push('v');
+    out.push_str(name);
+    out
+}
+
+/// The store key of list variable `name`'s next index.
+pub fn list_next_key(group: &str, name: &str) -> String {
+    let mut out = group_prefix(group);
+    out.push('n');
+    out.push_str(name);
+    out
+}
+
+/// The prefix of list variable `name`'s elements.
+pub fn list_prefix(group: &str, name: &str) -> String {
+    variable_prefix(group, 'l', name)
+}
+
+/// The store key of element `index` of list variable `name`.
+pub fn list_element_key(group: &str, name: &str, index: u64) -> String {
+    format!("{}{index:016x}", list_prefix(group, name))
+}
+
+/// The prefix of map variable `name`'s entries.
+pub fn map_prefix(group: &str, name: &str) -> String {
+    variable_prefix(group, 'm', name)
+}
+
+/// The store key of the entry under `key` in map variable `name`.
+pub fn map_entry_key(group: &str, name: &str, key: &[u8]) -> String {
+    let mut out = map_prefix(group, name);
+    out.push_str(&hex(key));
+    out
+}
+
+/// The prefix of `group`'s timers.
+pub fn timer_prefix(group: &str) -> String {
+    let mut out = group_prefix(group);
+    out.push('t');
+    out
+}
+
+/// The store key of `group`'s timer (expiry, name).
+pub fn timer_key(group: &str, expiry_ms: i64, name: Option<&str>) -> String {
+    let ordered = (expiry_ms as u64) ^ (1 << 63);
+    let mut out = format!("{}{ordered:016x}", timer_prefix(group));
+    match name {
+        None => out.push('-'),
+        Some(name) => {
+            out.push('~');
+            out.push_str(&hex(name.as_bytes()));
+        }
+    }
+    out
+}
+
+/// The group key and the entry a composite store key names; `None` for a key that is
+/// not one (a 0.1 key, or damage).
+pub fn parse(store_key: &str) -> Option<(String, Entry)> {
+    let (group, rest) = unescape_group(store_key)?;
+    let mut chars = rest.chars();
+    let tag = chars.next()?;
+    let rest = chars.as_str();
+    let entry = match tag {
+        'v' => Entry::Value(rest.to_owned()),
+        'n' => Entry::ListNext(rest.to_owned()),
+        'l' => {
+            let (name, suffix) = rest.split_once(SEP)?;
+            Entry::ListElement(name.to_owned(), u64::from_str_radix(suffix, 16).ok()?)
+        }
+        'm' => {
+            let (name, suffix) = rest.split_once(SEP)?;
+            Entry::MapEntry(name.to_owned(), unhex(suffix)?)
+        }
+        't' => {
+            let ordered = u64::from_str_radix(rest.get(..16)?, 16).ok()?;
+            let expiry = (ordered ^ (1 << 63)) as i64;
+            let name = match rest.get(16..17)? {
+                "-" if rest.len() == 17 => None,
+                "~" => Some(String::from_utf8(unhex(&rest[17..])?).ok()?),
+                _ => return None,
+            };
+            Entry::Timer(expiry, name)
+        }
+        _ => return None,
+    };
+    Some((group, entry))
+}
+
+/// The map key of a store key under `prefix` (see [`map_prefix`]).
+pub fn map_key_of(store_key: &str, prefix: &str) -> Option<Vec<u8>> {
+    unhex(store_key.strip_prefix(prefix)?)
+}
+
+fn unescape_group(store_key: &str) -> Option<(String, &str)> {
+    let (escaped, rest) = store_key.split_once(SEP)?;
+    let mut group = String::with_capacity(escaped.len());
+    let mut chars = escaped.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\u{1}' => match chars.next()? {
+                '\u{1}' => group.push('\0'),
+                '\u{2}' => group.push('\u{1}'),
+                _ => return None,
+            },
+            c => group.push(c),
+        }
+    }
+    Some((group, rest))
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_parse_back_to_their_entries() {
+        for group in ["u1", "", "a\0b", "a\u{1}\0\u{1}", "ü\u{2}"] {
+            let cases = [
+                (value_key(group, "count"), Entry::Value("count".into())),
+                (list_next_key(group, "seen"), Entry::ListNext("seen".into())),
+                (list_element_key(group, "seen", 42), Entry::ListElement("seen".into(), 42)),
+                (map_entry_key(group, "s", b"\0\xffk"), Entry::MapEntry("s".into(), b"\0\xffk".to_vec())),
+                (timer_key(group, -5, None), Entry::Timer(-5, None)),
+                (
+                    timer_key(group, 1_700_000_000_000, Some("a\0b")),
+                    Entry::Timer(1_700_000_000_000, Some("a\0b".into())),
+                ),
+            ];
+            for (key, entry) in cases {
+                assert!(key.starts_with(&group_prefix(group)), "{key:?}");
+                assert_eq!(parse(&key), Some((group.to_owned(), entry)), "{key:?}");
+            }
+        }
+        assert_eq!(parse("plain 0.1 key"), None);
+        assert_eq!(parse("g\0x"), None);
+        assert_eq!(parse("g\0t0123"), None);
+    }
+
+    #[test]
+    fn one_group_prefix_is_no_prefix_of_another() {
+        // "a" and "a\0b" would collide without the escape.
+        let a = group_prefix("a");
+        assert!(!value_key("a\0b", "v").starts_with(&a));
+        assert!(!map_entry_key("a\u{1}", "m", b"x").starts_with(&a));
+    }
+
+    #[test]
+    fn entries_sort_by_index_expiry_and_map_key() {
+        assert!(list_element_key("g", "l", 9) < list_element_key("g", "l", 10));
+        assert!(timer_key("g", -1, None) < timer_key("g", 0, None));
+        assert!(timer_key("g", 5, None) < timer_key("g", 5, Some("")));
+        assert!(timer_key("g", 5, Some("z")) < timer_key("g", 6, None));
+        assert!(map_entry_key("g", "m", b"\x01") < map_entry_key("g", "m", b"\x01\x00"));
+        assert!(map_entry_key("g", "m", b"\x01\xff") < map_entry_key("g", "m", b"\x02"));
+        let prefix = map_prefix("g", "m");
+        assert_eq!(map_key_of(&map_entry_key("g", "m", b"key"), &prefix), Some(b"key".to_vec()));
+    }
+
+    #[test]
+    fn variable_names() {
+        assert!(valid_variable_name("sessions"));
+        assert!(valid_variable_name("a.b-c_9"));
+        assert!(!valid_variable_name(""));
+        assert!(!valid_variable_name("a b"));
+        assert!(!valid_variable_name("a\0"));
+        assert!(!valid_variable_name(&"x".repeat(65)));
+    }
+}
