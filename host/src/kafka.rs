@@ -566,9 +566,9 @@ fn transactional_id(input: &KafkaInput, partition: i32) -> String {
     format!("groupstate-{}-{}-{partition}", input.group, input.topic)
 }
 
-/// Runs a future to completion on this thread: the admin client's futures are
-/// driven by librdkafka's own threads, this only waits.
-fn block_on<F: std::future::Future>(future: F) -> F::Output {
+/// Runs a future to completion on this thread: rdkafka's admin client's futures are
+/// driven by librdkafka's own threads, this only waits (the tests' broker uses it too).
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
     use std::task::{Context, Poll, Wake, Waker};
     struct Thread(std::thread::Thread);
     impl Wake for Thread {

@@ -75,7 +75,8 @@ impl Broker {
         let admin: AdminClient<DefaultClientContext> =
             ClientConfig::new().set("bootstrap.servers", self.bootstrap()).create().unwrap();
         let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
-        let results = block_on(admin.create_topics([&new], &AdminOptions::new())).expect("create_topics");
+        let results =
+            groupstate::kafka::block_on(admin.create_topics([&new], &AdminOptions::new())).expect("create_topics");
         for result in results {
             result.unwrap_or_else(|(name, code)| panic!("create topic {name}: {code:?}"));
         }
@@ -161,27 +162,5 @@ impl Drop for Broker {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-/// Runs a future to completion on this thread (the admin client's futures are driven
-/// by librdkafka's own threads; this only waits).
-fn block_on<F: std::future::Future>(future: F) -> F::Output {
-    use std::sync::Arc;
-    use std::task::{Context, Poll, Wake, Waker};
-    struct Thread(std::thread::Thread);
-    impl Wake for Thread {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(Arc::new(Thread(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut future = std::pin::pin!(future);
-    loop {
-        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
-            return out;
-        }
-        std::thread::park();
     }
 }
