@@ -121,8 +121,11 @@ pub fn partition_config(config: &PipelineConfig, input: &KafkaInput, partition: 
     if let Stream::File(path) = &config.output {
         c.output = Stream::File(partition_path(path, partition));
     }
-    c.late = config.late.as_deref().map(|p| partition_path(p, partition));
-    c.dead_letter = config.dead_letter.as_deref().map(|p| partition_path(p, partition));
+    for side in [&mut c.late, &mut c.dead_letter] {
+        if let Some(Stream::File(path)) = side {
+            *path = partition_path(path, partition);
+        }
+    }
     c
 }
 
@@ -222,12 +225,8 @@ fn run_partition(
     let config = partition_config(&shared.config, &shared.input, partition);
     let failed = |source| Error::Partition { partition, source };
     let input = &KafkaInput { partition: Some(partition), ..shared.input.clone() };
-    let output_topic = match &config.output {
-        Stream::Kafka(output) => Some(output.topic.clone()),
-        _ => None,
-    };
     // Fences the partition's earlier owners before anything is read.
-    let transactions = PartitionTransactions::open(input, output_topic)?;
+    let transactions = PartitionTransactions::open(input)?;
     let clock = shared.clock.clone();
     restore_if_behind(&config, input, &transactions, clock.clone())
         .map_err(|source| Error::Restore { partition, source })?;
@@ -293,7 +292,7 @@ fn restore_if_behind(
     };
     let late = pipeline::side_path(config, &config.late, "late.jsonl");
     let dead = pipeline::side_path(config, &config.dead_letter, "dead-letter.jsonl");
-    let file_lengths = [len(output), len(Some(&late)), len(Some(&dead))];
+    let file_lengths = [len(output), len(late.as_deref()), len(dead.as_deref())];
     crate::restore::catch_up(&mut store, group, file_lengths, clock.as_ref(), &mut next)?;
     Ok(())
 }
@@ -363,11 +362,14 @@ pub fn run(
     if options.workers_max == 0 {
         return Err(ConfigError("--partition-workers must be at least 1".into()).into());
     }
-    let output = match &config.output {
-        Stream::Kafka(output) => Some(output),
-        _ => None,
-    };
-    crate::kafka::prepare_topics(&input, output)?;
+    let outputs: Vec<&KafkaInput> = [Some(&config.output), config.late.as_ref(), config.dead_letter.as_ref()]
+        .into_iter()
+        .filter_map(|s| match s {
+            Some(Stream::Kafka(topic)) => Some(topic),
+            _ => None,
+        })
+        .collect();
+    crate::kafka::prepare_topics(&input, &outputs)?;
     let runtime = Arc::new(Runtime::new(&config.limits, config.cache_dir.as_deref())?);
     let (events, events_rx) = mpsc::channel();
     let shared = Arc::new(Shared {

@@ -167,7 +167,14 @@ fn an_output_topic_killed_mid_run_holds_each_alert_once_by_its_headers() {
     let dir = tempfile::tempdir().unwrap();
     let (broker, want) = broker_with_sensors(dir.path());
     broker.create_topic("alerts", 4);
-    let topic_run = || run_command_to(&broker, dir.path(), &format!("kafka://{}/alerts", broker.bootstrap()));
+    broker.create_topic("dead-letters", 1);
+    let stray = r#"{"sensor_id":"s-elsewhere","ts":4102444800000,"status":"err"}"#;
+    broker.produce("sensors", [(3, "s-here", stray)]);
+    let topic_run = || {
+        let mut command = run_command_to(&broker, dir.path(), &format!("kafka://{}/alerts", broker.bootstrap()));
+        command.args(["--dead-letter", &format!("kafka://{}/dead-letters", broker.bootstrap())]);
+        command
+    };
     // Killed while it runs (the group join takes about 3 s, the run about 20 s), then
     // run to the end.
     let mut child = topic_run().stderr(Stdio::piped()).spawn().unwrap();
@@ -179,26 +186,37 @@ fn an_output_topic_killed_mid_run_holds_each_alert_once_by_its_headers() {
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     assert_success(&topic_run().output().unwrap());
-    // A transaction aborted by the kill and replayed from its plan repeats its records
-    // with the same headers; tansu's read_committed still shows aborted records, so
-    // they are dropped here by (partition, batch, index), as a reader would on tansu.
-    let mut seen = std::collections::BTreeMap::new();
-    for (headers, value) in broker.read_all("alerts") {
-        let id: Vec<String> = ["groupstate.partition", "groupstate.batch", "groupstate.index"]
-            .iter()
-            .map(|h| {
-                headers.get(*h).unwrap_or_else(|| panic!("an output record lacks header {h}: {headers:?}")).clone()
-            })
-            .collect();
-        if let Some(earlier) = seen.insert(id.clone(), value.clone()) {
-            assert_eq!(earlier, value, "two different records carry the headers {id:?}");
-        }
-    }
     let out = dir.path().join("alerts.jsonl");
-    std::fs::write(&out, seen.values().map(|v| format!("{v}\n")).collect::<String>()).unwrap();
+    std::fs::write(&out, records_once(&broker, "alerts").iter().map(|v| format!("{v}\n")).collect::<String>()).unwrap();
     let mut alerts = parse_alerts(&out);
     alerts.sort();
     assert_same_alerts(&alerts, &want);
+    // The dead-letter output is a topic too, in the same transactions.
+    let dead = records_once(&broker, "dead-letters");
+    assert!(dead.len() == 1 && dead[0].contains("s-elsewhere"), "{dead:?}");
+    assert!(!dir.path().join("state/partition-3/dead-letter.jsonl").exists(), "the dead letter went to a file too");
+}
+
+/// The records of `topic`, each once: a transaction aborted by a kill and replayed
+/// from its plan repeats its records with the same headers, and tansu's
+/// read_committed still shows aborted records, so they are dropped here by
+/// (partition, batch, index), as a reader would on tansu. Records with the same
+/// headers must be identical.
+fn records_once(broker: &Broker, topic: &str) -> Vec<String> {
+    let mut seen = std::collections::BTreeMap::new();
+    for (headers, value) in broker.read_all(topic) {
+        let id: Vec<u64> = ["groupstate.partition", "groupstate.batch", "groupstate.index"]
+            .iter()
+            .map(|h| {
+                let v = headers.get(*h).unwrap_or_else(|| panic!("a record of {topic} lacks header {h}: {headers:?}"));
+                v.parse().unwrap_or_else(|_| panic!("header {h} of a record of {topic} is not a number: {v}"))
+            })
+            .collect();
+        if let Some(earlier) = seen.insert(id.clone(), value.clone()) {
+            assert_eq!(earlier, value, "two different records of {topic} carry the headers {id:?}");
+        }
+    }
+    seen.into_values().collect()
 }
 
 #[test]

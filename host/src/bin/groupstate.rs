@@ -163,10 +163,12 @@ struct RunArgs {
     /// On a failed plugin call: fail, skip or dead-letter [default: fail].
     #[arg(long)]
     on_error: Option<ErrorPolicy>,
-    /// Dead-letter output [default: <state-dir>/dead-letter.jsonl].
+    /// Dead-letter output: a file, or (with a kafka:// input) kafka://HOST:PORT/TOPIC
+    /// [default: <state-dir>/dead-letter.jsonl].
     #[arg(long)]
     dead_letter: Option<PathBuf>,
-    /// Late-data output [default: <state-dir>/late.jsonl].
+    /// Late-data output: a file, or (with a kafka:// input) kafka://HOST:PORT/TOPIC
+    /// [default: <state-dir>/late.jsonl].
     #[arg(long)]
     late: Option<PathBuf>,
     /// Keep reading after the end of the input; run empty batches on a timer.
@@ -351,14 +353,16 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
             };
             // In the order of the usage line: --plugin is named first when missing.
             let plugin = need(&args.plugin, "--plugin")?;
-            let input = input_stream(&need(&args.input, "--input")?, args.group.as_deref())?;
+            let input = need(&args.input, "--input")?;
             // A Kafka input keys records by their Kafka keys unless a field is named.
-            let key_field = match (&args.key_field, &input) {
-                (Some(k), _) => k.clone(),
-                (None, Stream::Kafka(_)) => String::new(),
-                (None, _) => bail!("--key-field is required (or give --config FILE)"),
+            let kafka = input.to_string_lossy().starts_with(groupstate::config::KAFKA_SCHEME);
+            let key_field = match &args.key_field {
+                Some(k) => k.clone(),
+                None if kafka => String::new(),
+                None => bail!("--key-field is required (or give --config FILE)"),
             };
-            let output = output_stream(&need(&args.output, "--output")?, &input)?;
+            let output = need(&args.output, "--output")?;
+            let (input, output) = (Stream::from(input), Stream::from(output));
             PipelineConfig::new(plugin, input, output, need(&args.state_dir, "--state-dir")?, key_field)
         }
     };
@@ -366,16 +370,23 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
         config.plugin = p.clone();
     }
     if let Some(p) = &args.input {
-        config.input = input_stream(p, args.group.as_deref())?;
-    }
-    if args.group.is_some() && !matches!(config.input, Stream::Kafka(_)) {
-        bail!("--group is only for a kafka:// input; drop it, or give --input kafka://HOST:PORT/TOPIC");
-    }
-    if (args.until_idle_ms.is_some() || args.partition_workers.is_some()) && !matches!(config.input, Stream::Kafka(_)) {
-        bail!("--until-idle-ms and --partition-workers are only for a kafka:// input (a file ends by itself)");
+        config.input = Stream::from(p.clone());
     }
     if let Some(p) = &args.output {
-        config.output = output_stream(p, &config.input)?;
+        config.output = Stream::from(p.clone());
+    }
+    if let Some(p) = &args.dead_letter {
+        config.dead_letter = Some(Stream::from(p.clone()));
+    }
+    if let Some(p) = &args.late {
+        config.late = Some(Stream::from(p.clone()));
+    }
+    if let Some(group) = &args.group {
+        config.set_group(group);
+    }
+    config.resolve_topics()?;
+    if (args.until_idle_ms.is_some() || args.partition_workers.is_some()) && !matches!(config.input, Stream::Kafka(_)) {
+        bail!("--until-idle-ms and --partition-workers are only for a kafka:// input (a file ends by itself)");
     }
     if let Some(p) = &args.state_dir {
         config.state_dir = p.clone();
@@ -410,12 +421,6 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
     if let Some(p) = args.on_error {
         config.on_error = p;
     }
-    if args.dead_letter.is_some() {
-        config.dead_letter = args.dead_letter.clone();
-    }
-    if args.late.is_some() {
-        config.late = args.late.clone();
-    }
     config.follow |= args.follow;
     if let Some(ms) = args.trigger_interval_ms {
         config.trigger_interval_ms = ms;
@@ -442,33 +447,6 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
         config.limits.state_bytes_max = v;
     }
     Ok(config)
-}
-
-/// `--input`: a file, `-`, or a Kafka topic, which needs `--group`.
-fn input_stream(input: &std::path::Path, group: Option<&str>) -> Result<Stream> {
-    let text = input.to_string_lossy();
-    if !text.starts_with(groupstate::config::KAFKA_SCHEME) {
-        return Ok(Stream::from(input.to_owned()));
-    }
-    let group = group.with_context(|| {
-        format!("--input {text} needs --group NAME: the consumer group whose members share the topic's partitions")
-    })?;
-    Ok(Stream::Kafka(groupstate::config::KafkaInput::parse(&text, group)?))
-}
-
-/// `--output`: a file, `-`, or (with a Kafka input) a Kafka topic, produced in the
-/// input's consumer group.
-fn output_stream(output: &std::path::Path, input: &Stream) -> Result<Stream> {
-    let text = output.to_string_lossy();
-    if !text.starts_with(groupstate::config::KAFKA_SCHEME) {
-        return Ok(Stream::from(output.to_owned()));
-    }
-    let Stream::Kafka(input) = input else {
-        bail!(
-            "--output {text}: a Kafka topic output needs a kafka:// input (its records are produced in the input partition's transaction); write to a file"
-        );
-    };
-    Ok(Stream::Kafka(groupstate::config::KafkaInput::parse_for("--output", &text, &input.group)?))
 }
 
 /// `groupstate run` over a Kafka topic: one pipeline per assigned partition.
