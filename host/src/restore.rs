@@ -337,14 +337,13 @@ mod tests {
         let mut store = Store::open(&dir.path().join("store"), 1 << 20, 1 << 20, 1 << 20).unwrap();
         let mut records = changelog().into_iter();
         let result =
-            catch_up(&mut store, group, [7, 0, 0], &ManualClock::new(0), &mut || Ok(records.next())).map(|r| {
+            catch_up(&mut store, group, [7, 0, 0], &ManualClock::new(0), &mut || Ok(records.next())).inspect(|_| {
                 let value = |k: &str| store.get(k).unwrap().and_then(|r| r.value);
                 assert_eq!(value("a"), Some(vec![2]), "the latest attempt of batch 0 is the committed one");
                 assert_eq!(value("b"), None, "batch 1 removed b");
                 assert_eq!(value("c"), Some(vec![3]));
                 assert_eq!(value("d"), None, "batch 2 is not committed");
                 assert_eq!(store.state_api().unwrap(), Some(2), "the plugin world is recorded");
-                r
             });
         (dir, result)
     }
