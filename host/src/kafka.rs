@@ -327,6 +327,30 @@ impl PartitionReader {
         self.at_end
     }
 
+    /// The records after the last one read, from the partition's high watermark as
+    /// the consumer's last fetch reported it (no request to the broker); none before
+    /// the first fetch.
+    pub fn lag(&self) -> Option<u64> {
+        let topic = std::ffi::CString::new(self.topic.as_str()).ok()?;
+        let (mut low, mut high) = (-1i64, -1i64);
+        // SAFETY: the client pointer is valid while `self.consumer` lives, `topic` is a
+        // NUL-terminated string that outlives the call, and the out-pointers point to
+        // locals. librdkafka only reads its cached offsets here. rust-rdkafka 0.39 has
+        // no safe call for them (`fetch_watermarks` asks the broker).
+        #[allow(unsafe_code)]
+        let err = unsafe {
+            rdkafka::bindings::rd_kafka_get_watermark_offsets(
+                self.consumer.client().native_ptr(),
+                topic.as_ptr(),
+                self.partition,
+                &mut low,
+                &mut high,
+            )
+        };
+        (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
+            .then(|| (high as u64).saturating_sub(self.next))
+    }
+
     /// Reads from `offset` on: Kafka keeps the records, so a planned batch is read
     /// again by fetching from its start.
     pub fn seek(&mut self, offset: u64) -> Result<(), KafkaError> {

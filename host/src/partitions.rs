@@ -100,8 +100,23 @@ pub struct Summary {
     pub batches: u64,
 }
 
-/// Called after each committed batch, on the partition's thread.
-pub type OnBatch = Arc<dyn Fn(i32, &BatchReport) + Send + Sync>;
+/// What a run tells its caller of its partitions (for the log and the metrics),
+/// called on the partition's thread.
+pub trait Observer: Send + Sync {
+    /// Restoring `partition` from the changelog has read `records` records so far;
+    /// `done` once it has finished.
+    fn restoring(&self, partition: i32, records: u64, done: bool) {
+        let _ = (partition, records, done);
+    }
+
+    /// `partition`'s pipeline has opened (after any restore), before its first batch.
+    fn opened(&self, partition: i32, pipeline: &Pipeline) {
+        let _ = (partition, pipeline);
+    }
+
+    /// `partition` committed a batch.
+    fn batch(&self, partition: i32, report: &BatchReport);
+}
 
 /// `path` with `.p<partition>` appended: a partition's own output file, so that each
 /// partition's exactly-once bookkeeping (committed lengths) stays its own.
@@ -170,7 +185,7 @@ struct Shared {
     runtime: Arc<Runtime>,
     slots: Slots,
     until_idle_ms: Option<u64>,
-    on_batch: OnBatch,
+    observer: Arc<dyn Observer>,
     events: Mutex<mpsc::Sender<Ended>>,
 }
 
@@ -228,9 +243,11 @@ fn run_partition(
     // Fences the partition's earlier owners before anything is read.
     let transactions = PartitionTransactions::open(input)?;
     let clock = shared.clock.clone();
-    restore_if_behind(&config, input, &transactions, clock.clone())
+    let progress = &mut |records, done| shared.observer.restoring(partition, records, done);
+    restore_if_behind(&config, input, &transactions, clock.clone(), progress)
         .map_err(|source| Error::Restore { partition, source })?;
     let mut pipeline = Pipeline::open_in(shared.runtime.clone(), config, clock.clone()).map_err(failed)?;
+    shared.observer.opened(partition, &pipeline);
     pipeline.set_export(Box::new(transactions));
     let mut last_record_ns = clock.monotonic_ns();
     let mut batches = 0;
@@ -245,7 +262,7 @@ fn run_partition(
             if report.records > 0 {
                 last_record_ns = now;
             }
-            (shared.on_batch)(partition, &report);
+            shared.observer.batch(partition, &report);
         }
         if let Some(ms) = shared.until_idle_ms {
             let quiet = now.saturating_sub(last_record_ns) >= ms.saturating_mul(1_000_000);
@@ -263,6 +280,7 @@ fn restore_if_behind(
     input: &KafkaInput,
     transactions: &PartitionTransactions,
     clock: Arc<dyn Clock>,
+    progress: &mut dyn FnMut(u64, bool),
 ) -> Result<(), crate::restore::Error> {
     let committed = transactions.committed();
     let group = crate::restore::GroupCommit { offset: committed.offset, next_batch_id: committed.next_batch_id };
@@ -293,7 +311,11 @@ fn restore_if_behind(
     let late = pipeline::side_path(config, &config.late, "late.jsonl");
     let dead = pipeline::side_path(config, &config.dead_letter, "dead-letter.jsonl");
     let file_lengths = [len(output), len(late.as_deref()), len(dead.as_deref())];
-    crate::restore::catch_up(&mut store, group, file_lengths, clock.as_ref(), &mut next)?;
+    progress(0, false);
+    let restored = crate::restore::catch_up(&mut store, group, file_lengths, clock.as_ref(), &mut next, &mut |r| {
+        progress(r, false)
+    })?;
+    progress(restored.records, true);
     Ok(())
 }
 
@@ -346,7 +368,7 @@ pub fn run(
     config: PipelineConfig,
     clock: Arc<dyn Clock>,
     options: Options,
-    on_batch: OnBatch,
+    observer: Arc<dyn Observer>,
 ) -> Result<Summary, Error> {
     config.validate()?;
     let Stream::Kafka(input) = config.input.clone() else {
@@ -379,7 +401,7 @@ pub fn run(
         input: input.clone(),
         clock,
         runtime,
-        on_batch,
+        observer,
         events: Mutex::new(events),
     });
     let workers: Workers = Arc::default();

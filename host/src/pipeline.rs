@@ -155,6 +155,9 @@ pub struct BatchReport {
     pub stages: StageTimes,
     /// Monotonic time from the batch's boundary to its commit.
     pub duration_ns: u64,
+    /// A Kafka partition's records after the batch, as its consumer last learned
+    /// from the broker (none for other inputs).
+    pub input_lag: Option<u64>,
 }
 
 /// What a run did.
@@ -186,6 +189,8 @@ pub struct Pipeline {
     input_closed: bool,
     /// The last read of a Kafka partition found its end.
     input_at_end: bool,
+    /// The input's records after the last batch read (a Kafka partition's lag).
+    input_lag: Option<u64>,
     sinks: Sinks,
     checkpoint: Checkpoint,
     stages: StageTimes,
@@ -323,6 +328,7 @@ impl Pipeline {
             input,
             input_closed: false,
             input_at_end: false,
+            input_lag: None,
             sinks: Sinks { output, late, dead_letter },
             checkpoint,
             stages: StageTimes::default(),
@@ -522,6 +528,7 @@ impl Pipeline {
         let prepared = self.input.get(req)?;
         self.input_closed = prepared.closed;
         self.input_at_end = prepared.at_end;
+        self.input_lag = prepared.lag;
         self.stages.input_wait_ns += self.since(started);
         self.stages.read_decode_ns += prepared.read_decode_ns;
         Ok(prepared)
@@ -626,6 +633,7 @@ impl Pipeline {
             // Filled in by `next_batch`, which sees the whole batch.
             stages: StageTimes::default(),
             duration_ns: 0,
+            input_lag: self.input_lag,
         })
     }
 

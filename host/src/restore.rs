@@ -142,7 +142,7 @@ impl Attempt {
 
 /// Applies the committed batches the changelog holds after `store`'s checkpoint, up
 /// to the group's commit. `next` gives the changelog's records in order, `None` at
-/// its end.
+/// its end; `progress` hears of the records read so far when progress is logged.
 ///
 /// The output files are this process's own, so their committed lengths are the
 /// local checkpoint's, or with no local state `file_lengths` (output, late, dead
@@ -153,6 +153,7 @@ pub fn catch_up(
     file_lengths: [u64; 3],
     clock: &dyn Clock,
     next: &mut dyn FnMut() -> Result<Option<ChangelogRecord>, ReadError>,
+    progress: &mut dyn FnMut(u64),
 ) -> Result<Restored, Error> {
     let local = store.checkpoint()?;
     let records_state_api = store.state_api()?.is_none();
@@ -174,6 +175,7 @@ pub fn catch_up(
         restore.done.records += 1;
         if elapsed_ms() >= logged_ms + PROGRESS_MS {
             logged_ms = elapsed_ms();
+            progress(restore.done.records);
             tracing::info!(
                 "restoring from the changelog: {} records read, {} batches ({} key changes) applied, at batch {}",
                 restore.done.records,
@@ -337,14 +339,15 @@ mod tests {
         let mut store = Store::open(&dir.path().join("store"), 1 << 20, 1 << 20, 1 << 20).unwrap();
         let mut records = changelog().into_iter();
         let result =
-            catch_up(&mut store, group, [7, 0, 0], &ManualClock::new(0), &mut || Ok(records.next())).inspect(|_| {
-                let value = |k: &str| store.get(k).unwrap().and_then(|r| r.value);
-                assert_eq!(value("a"), Some(vec![2]), "the latest attempt of batch 0 is the committed one");
-                assert_eq!(value("b"), None, "batch 1 removed b");
-                assert_eq!(value("c"), Some(vec![3]));
-                assert_eq!(value("d"), None, "batch 2 is not committed");
-                assert_eq!(store.state_api().unwrap(), Some(2), "the plugin world is recorded");
-            });
+            catch_up(&mut store, group, [7, 0, 0], &ManualClock::new(0), &mut || Ok(records.next()), &mut |_| {})
+                .inspect(|_| {
+                    let value = |k: &str| store.get(k).unwrap().and_then(|r| r.value);
+                    assert_eq!(value("a"), Some(vec![2]), "the latest attempt of batch 0 is the committed one");
+                    assert_eq!(value("b"), None, "batch 1 removed b");
+                    assert_eq!(value("c"), Some(vec![3]));
+                    assert_eq!(value("d"), None, "batch 2 is not committed");
+                    assert_eq!(store.state_api().unwrap(), Some(2), "the plugin world is recorded");
+                });
         (dir, result)
     }
 

@@ -23,7 +23,12 @@ fn partition_of(key: &str) -> i32 {
 /// A broker with topic `sensors` holding the sensor workload (100 000 events from
 /// 2 000 sensors), each record keyed by its sensor id, in the order of the file.
 fn broker_with_sensors(dir: &Path) -> (Broker, std::collections::BTreeSet<(String, i64, i64)>) {
-    let input = sensor_input(dir, 100_000, 2_000, 31);
+    broker_with(dir, 100_000, 2_000)
+}
+
+/// `broker_with_sensors` with `events` events from `sensors` sensors.
+fn broker_with(dir: &Path, events: u64, sensors: u32) -> (Broker, std::collections::BTreeSet<(String, i64, i64)>) {
+    let input = sensor_input(dir, events, sensors, 31);
     let want = oracle::sensor_alerts(&input);
     assert!(want.len() > 100, "the workload should produce alerts, got {}", want.len());
     let broker = Broker::start();
@@ -48,10 +53,15 @@ fn run_command(broker: &Broker, dir: &Path) -> Command {
 
 /// `run_command` with `--output output`.
 fn run_command_to(broker: &Broker, dir: &Path, output: &str) -> Command {
-    let p = |name: &str| dir.join(name).display().to_string();
+    run_in(broker, &dir.join("state"), output, "alerts")
+}
+
+/// `groupstate run` of the sensor plugin over the topic in consumer group `group`,
+/// until idle for 3 s.
+fn run_in(broker: &Broker, state_dir: &Path, output: &str, group: &str) -> Command {
     let url = format!("kafka://{}/sensors", broker.bootstrap());
-    let mut args = sensor_run_args(&url, output, &p("state"));
-    args.extend(["--group", "alerts", "--until-idle-ms", "3000", "--batch-events", "5000"].map(String::from));
+    let mut args = sensor_run_args(&url, output, &state_dir.display().to_string());
+    args.extend(["--group", group, "--until-idle-ms", "3000", "--batch-events", "5000"].map(String::from));
     let mut command = Command::new(groupstate_bin());
     command.args(args).stdin(Stdio::null());
     command
@@ -217,6 +227,83 @@ fn records_once(broker: &Broker, topic: &str) -> Vec<String> {
         }
     }
     seen.into_values().collect()
+}
+
+/// Three processes in one group over 1M events, one killed with SIGKILL mid-run and
+/// started again: the output topic holds the oracle's alerts once (after dropping
+/// replays of aborted transactions by their headers), and every partition's state,
+/// including the ones that moved between processes and were restored from the
+/// changelog, equals that of a single-process run: the same keys, values and timers.
+#[test]
+fn three_processes_one_killed_give_the_oracles_alerts_and_restore_moved_partitions_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, want) = broker_with(dir.path(), 1_000_000, 20_000);
+    broker.create_topic("alerts", 4);
+    let output = format!("kafka://{}/alerts", broker.bootstrap());
+    // Batches end at 5 000 records, never on the trigger interval (a partition's
+    // last one does, at its end), so that every run cuts a partition's batches alike
+    // and its state after the last batch is the same.
+    let process = |name: &str, log: &str| {
+        let mut command = run_in(&broker, &dir.path().join(name), &output, "alerts");
+        command.args(["--trigger-interval-ms", "5000"]);
+        command.stderr(std::fs::File::create(dir.path().join(log)).unwrap()).spawn().unwrap()
+    };
+    let (mut a, mut b, mut c) = (process("a", "a.log"), process("b", "b.log"), process("c", "c.log"));
+    // Killed once it has run batches for a while (the group settles in a few seconds).
+    let mut waited_ms = 0;
+    let partitions_of =
+        |name: &str| std::fs::read_dir(dir.path().join(name)).map_or(0, |d| d.filter(|e| e.is_ok()).count());
+    while partitions_of("b") == 0 || waited_ms < 12_000 {
+        assert!(b.try_wait().unwrap().is_none(), "process b ended before it was killed: see b.log");
+        assert!(waited_ms < 120_000, "process b ran no partition within 120 s");
+        std::thread::sleep(Duration::from_millis(100));
+        waited_ms += 100;
+    }
+    b.kill().unwrap(); // SIGKILL
+    b.wait().unwrap();
+    let mut b = process("b", "b-again.log");
+    for (name, child) in [("a", &mut a), ("b-again", &mut b), ("c", &mut c)] {
+        let status = child.wait().unwrap();
+        let log = std::fs::read_to_string(dir.path().join(format!("{name}.log"))).unwrap();
+        assert!(status.success(), "process {name} failed: {log}");
+    }
+    let out = dir.path().join("alerts.jsonl");
+    std::fs::write(&out, records_once(&broker, "alerts").iter().map(|v| format!("{v}\n")).collect::<String>()).unwrap();
+    let mut alerts = parse_alerts(&out);
+    alerts.sort();
+    assert_same_alerts(&alerts, &want);
+    let logs: String = ["a", "b", "b-again", "c"]
+        .iter()
+        .map(|n| std::fs::read_to_string(dir.path().join(format!("{n}.log"))).unwrap())
+        .collect();
+    let restores = logs.matches("restored from the changelog").count();
+    assert!(restores > 0, "no partition moved between processes: {logs}");
+    // One process in a group of its own reads the topic once more, alone.
+    let solo = run_in(&broker, &dir.path().join("solo"), &dir.path().join("solo.jsonl").display().to_string(), "solo")
+        .args(["--trigger-interval-ms", "5000"])
+        .output()
+        .unwrap();
+    assert_success(&solo);
+    for p in 0..PARTITIONS {
+        let state = |name: &str| dir.path().join(name).join(format!("partition-{p}"));
+        let next_batch = |name: &str| -> u64 {
+            if !state(name).join("store").exists() {
+                return 0;
+            }
+            let checkpoint: serde_json::Value =
+                serde_json::from_str(&groupstate_state(&state(name), "checkpoint")).unwrap();
+            checkpoint["next_batch_id"].as_u64().unwrap()
+        };
+        // The process that ran the partition last holds its latest state.
+        let last = ["a", "b", "c"].into_iter().max_by_key(|n| next_batch(n)).unwrap();
+        assert_eq!(next_batch(last), next_batch("solo"), "partition {p} ran a different number of batches");
+        for what in ["keys", "timers"] {
+            let (got, want) = (groupstate_state(&state(last), what), groupstate_state(&state("solo"), what));
+            assert!(got.lines().count() > 100 || what == "timers", "partition {p} holds few keys: {got}");
+            assert!(got == want, "partition {p}'s {what} in {last} differ from a single process's");
+        }
+    }
+    eprintln!("three processes: {restores} partition restores from the changelog");
 }
 
 #[test]

@@ -451,26 +451,44 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
 
 /// `groupstate run` over a Kafka topic: one pipeline per assigned partition.
 fn run_kafka(args: &RunArgs, config: PipelineConfig) -> Result<()> {
-    if args.admin.is_some() || args.watch {
-        bail!("--admin and --watch do not work with a kafka:// input yet; drop them");
+    if args.watch {
+        bail!(
+            "--watch does not work with a kafka:// input yet (its partitions do not swap plugins): restart the run with the new plugin"
+        );
     }
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let mut options = groupstate::partitions::Options { until_idle_ms: args.until_idle_ms, ..Default::default() };
     if let Some(n) = args.partition_workers {
         options.workers_max = n;
     }
-    let started = clock.monotonic_ns();
-    let records = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let counted = records.clone();
-    let on_batch: groupstate::partitions::OnBatch = Arc::new(move |partition, b| {
-        counted.fetch_add(b.records, std::sync::atomic::Ordering::Relaxed);
-        if b.replayed {
-            tracing::info!(target: PROGRESS_TARGET, batch = b.batch_id, "partition {partition}: batch {} replayed after a stop", b.batch_id);
+    let metrics = Arc::new(Metrics::new());
+    // Kept until the run ends: dropping it stops the endpoint.
+    let _admin = match &args.admin {
+        Some(spec) => {
+            let listen = groupstate::admin::Listen::parse(spec, &config.state_dir)?;
+            let admin = groupstate::admin::Admin {
+                plugin: None,
+                metrics: metrics.clone(),
+                token: args.admin_token.clone(),
+                limits: groupstate::admin::AdminLimits::default(),
+            };
+            let server = groupstate::admin::serve(listen, admin)?;
+            tracing::info!("admin endpoint on {} (GET /metrics)", server.listen());
+            Some(server)
         }
+        None => None,
+    };
+    let started = clock.monotonic_ns();
+    let observer = Arc::new(KafkaObserver {
+        metrics,
+        count_stored: args.admin.is_some(),
+        records: Default::default(),
+        logged_ns: Default::default(),
+        clock: clock.clone(),
     });
-    let summary = groupstate::partitions::run(config, clock.clone(), options, on_batch)?;
+    let summary = groupstate::partitions::run(config, clock.clone(), options, observer.clone())?;
     let secs = (clock.monotonic_ns() - started) as f64 / 1e9;
-    let records = records.load(std::sync::atomic::Ordering::Relaxed);
+    let records = observer.records.load(std::sync::atomic::Ordering::Relaxed);
     let offsets: Vec<String> = summary.partitions.iter().map(|(p, c)| format!("{p}@{}", c.input_offset)).collect();
     tracing::info!(
         batches = summary.batches,
@@ -482,6 +500,60 @@ fn run_kafka(args: &RunArgs, config: PipelineConfig) -> Result<()> {
         offsets.join(" ")
     );
     Ok(())
+}
+
+/// How often a Kafka run logs each partition's progress (10 s).
+const PARTITION_PROGRESS_NS: u64 = 10_000_000_000;
+
+/// The log's and the metrics' view of a Kafka run's partitions.
+struct KafkaObserver {
+    metrics: Arc<Metrics>,
+    /// Count each partition's keys and timers when it opens (for the metrics).
+    count_stored: bool,
+    records: std::sync::atomic::AtomicU64,
+    /// When each partition last logged its progress.
+    logged_ns: std::sync::Mutex<std::collections::BTreeMap<i32, u64>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl groupstate::partitions::Observer for KafkaObserver {
+    fn restoring(&self, partition: i32, records: u64, done: bool) {
+        self.metrics.partition(partition as u32).set_restore(records, !done);
+    }
+
+    fn opened(&self, partition: i32, pipeline: &Pipeline) {
+        if !self.count_stored {
+            return;
+        }
+        match count_stored(pipeline.store()) {
+            Ok((keys, timers)) => self.metrics.partition(partition as u32).set_stored(keys, timers),
+            Err(e) => tracing::warn!("partition {partition}: cannot count its keys for the metrics: {e}"),
+        }
+    }
+
+    fn batch(&self, partition: i32, b: &groupstate::BatchReport) {
+        self.metrics.partition(partition as u32).record_batch(b);
+        self.records.fetch_add(b.records, std::sync::atomic::Ordering::Relaxed);
+        if b.replayed {
+            tracing::info!(target: PROGRESS_TARGET, batch = b.batch_id, "partition {partition}: batch {} replayed after a stop", b.batch_id);
+        }
+        let now = self.clock.monotonic_ns();
+        let mut logged = self.logged_ns.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let last = logged.entry(partition).or_insert(now);
+        if now.saturating_sub(*last) < PARTITION_PROGRESS_NS {
+            return;
+        }
+        *last = now;
+        let lag = b.input_lag.map_or("unknown".to_owned(), |l| l.to_string());
+        tracing::info!(
+            target: PROGRESS_TARGET,
+            batch = b.batch_id,
+            "partition {partition}: batch {}, {} in {:.1} ms; lag {lag} records",
+            b.batch_id,
+            count(b.records, "record", "records"),
+            b.duration_ns as f64 / 1e6
+        );
+    }
 }
 
 fn run(args: RunArgs) -> Result<()> {
@@ -640,11 +712,13 @@ fn start_hot_load(
     };
     let Some(listen) = admin_listen else { return Ok(HotLoad { _watcher: watcher, _admin: None }) };
     let admin = groupstate::admin::Admin {
-        runtime,
-        params: config.params.clone(),
-        upload_dir: config.state_dir.join("plugins"),
-        sender: pipeline.swap_sender(),
-        status: pipeline.plugin_status(),
+        plugin: Some(groupstate::admin::PluginTarget {
+            runtime,
+            params: config.params.clone(),
+            upload_dir: config.state_dir.join("plugins"),
+            sender: pipeline.swap_sender(),
+            status: pipeline.plugin_status(),
+        }),
         metrics,
         token: args.admin_token.clone(),
         limits: groupstate::admin::AdminLimits::default(),
