@@ -32,9 +32,10 @@ const MEMBER_POLL_MS: u64 = 100;
 /// How a process runs its partitions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
-    /// Partitions that run a batch at once, at most (default: the machine's cores).
-    /// Each partition has a thread; a slot is held for one `next_batch`, so a
-    /// partition waiting for records holds one for at most the trigger interval.
+    /// Partitions that run a batch at once, at most (default: no limit, the
+    /// operating system shares the cores among the partitions' threads). A slot is
+    /// held for one `next_batch`, waiting for records included (up to the trigger
+    /// interval), so a small limit lets partitions at their end hold back busy ones.
     pub workers_max: usize,
     /// Stop once every assigned partition has read no record for this long and its
     /// last read found the partition's end (default: run until stopped).
@@ -43,7 +44,7 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Self { workers_max: std::thread::available_parallelism().map_or(1, |n| n.get()), until_idle_ms: None }
+        Self { workers_max: usize::MAX, until_idle_ms: None }
     }
 }
 
@@ -220,9 +221,14 @@ impl Worker {
         Ok(Self { stop, idle, thread: Some(thread) })
     }
 
+    /// Asks the partition to stop at its next batch boundary.
+    fn ask_to_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
     /// Stops the partition at its next batch boundary and waits for it.
     fn stop(mut self, partition: i32) -> Result<(), Error> {
-        self.stop.store(true, Ordering::Release);
+        self.ask_to_stop();
         match self.thread.take().map(|t| t.join()) {
             Some(Err(_)) => Err(Error::Thread { partition, what: "its thread panicked".into() }),
             _ => Ok(()),
@@ -349,8 +355,12 @@ fn on_assignment(
                     let mut workers = workers.lock().unwrap_or_else(|e| e.into_inner());
                     partitions.iter().filter_map(|p| Some((*p, workers.remove(p)?))).collect()
                 };
-                for (p, w) in stopping {
+                // All at once: each finishes its batch and closes its producer.
+                for (p, w) in &stopping {
                     tracing::info!("partition {p}: revoked, stopping at a batch boundary");
+                    w.ask_to_stop();
+                }
+                for (p, w) in stopping {
                     if let Err(e) = w.stop(p) {
                         failed.push(e);
                     }
@@ -435,6 +445,9 @@ pub fn run(
         }
     }
     let stopping = std::mem::take(&mut *workers.lock().unwrap_or_else(|e| e.into_inner()));
+    for w in stopping.values() {
+        w.ask_to_stop();
+    }
     for (p, w) in stopping {
         if let Err(e) = w.stop(p) {
             first_failure.get_or_insert(e);

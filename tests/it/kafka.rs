@@ -10,15 +10,9 @@ use std::time::Duration;
 use groupstate_tests::{assert_same_alerts, oracle, parse_alerts, sensor_input};
 
 use crate::cli::{groupstate_bin, sensor_run_args};
-use crate::kafka_broker::Broker;
+use groupstate_tests::kafka_broker::Broker;
 
 const PARTITIONS: i32 = 8;
-
-/// The partition of a sensor: FNV-1a of its id, so that every run places it alike.
-fn partition_of(key: &str) -> i32 {
-    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-    (hash % PARTITIONS as u64) as i32
-}
 
 /// A broker with topic `sensors` holding the sensor workload (100 000 events from
 /// 2 000 sensors), each record keyed by its sensor id, in the order of the file.
@@ -33,16 +27,7 @@ fn broker_with(dir: &Path, events: u64, sensors: u32) -> (Broker, std::collectio
     assert!(want.len() > 100, "the workload should produce alerts, got {}", want.len());
     let broker = Broker::start();
     broker.create_topic("sensors", PARTITIONS);
-    let text = std::fs::read_to_string(&input).unwrap();
-    let records: Vec<(i32, String, &str)> = text
-        .lines()
-        .map(|line| {
-            let v: serde_json::Value = serde_json::from_str(line).unwrap();
-            let key = v["sensor_id"].as_str().unwrap().to_owned();
-            (partition_of(&key), key, line)
-        })
-        .collect();
-    broker.produce("sensors", records.iter().map(|(p, k, v)| (*p, k.as_str(), *v)));
+    broker.produce_keyed_lines("sensors", PARTITIONS, &input, "sensor_id");
     (broker, want)
 }
 

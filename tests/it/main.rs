@@ -10,7 +10,6 @@ mod crash;
 mod hotload;
 mod integrity;
 mod kafka;
-mod kafka_broker;
 mod keyed;
 mod languages;
 mod sandbox;

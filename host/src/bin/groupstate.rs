@@ -122,7 +122,8 @@ struct RunArgs {
     /// this long and found its end [default: run until stopped].
     #[arg(long)]
     until_idle_ms: Option<u64>,
-    /// With a kafka:// input: partitions that run a batch at once [default: the cores].
+    /// With a kafka:// input: partitions that run a batch at once, waiting for records
+    /// included [default: no limit].
     #[arg(long)]
     partition_workers: Option<usize>,
     /// JSON Lines output file, - for stdout, or (with a kafka:// input)
@@ -539,7 +540,7 @@ impl groupstate::partitions::Observer for KafkaObserver {
         }
         let now = self.clock.monotonic_ns();
         let mut logged = self.logged_ns.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let last = logged.entry(partition).or_insert(now);
+        let last = logged.entry(partition).or_insert(0);
         if now.saturating_sub(*last) < PARTITION_PROGRESS_NS {
             return;
         }

@@ -34,6 +34,13 @@ pub fn tansu_bin() -> PathBuf {
     })
 }
 
+/// The partition of `key` among `partitions`: FNV-1a of the key, so that every run
+/// places it alike.
+pub fn partition_of(key: &str, partitions: i32) -> i32 {
+    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    (hash % partitions as u64) as i32
+}
+
 /// A running broker; dropping it kills it.
 pub struct Broker {
     child: Child,
@@ -113,6 +120,21 @@ impl Broker {
 }
 
 impl Broker {
+    /// Produces the JSON Lines file `input` to `topic`, each line keyed by its
+    /// `key_field` and sent to the partition [`partition_of`] gives, in file order.
+    pub fn produce_keyed_lines(&self, topic: &str, partitions: i32, input: &std::path::Path, key_field: &str) {
+        let text = std::fs::read_to_string(input).unwrap();
+        let records: Vec<(i32, String, &str)> = text
+            .lines()
+            .map(|line| {
+                let v: serde_json::Value = serde_json::from_str(line).unwrap();
+                let key = v[key_field].as_str().unwrap().to_owned();
+                (partition_of(&key, partitions), key, line)
+            })
+            .collect();
+        self.produce(topic, records.iter().map(|(p, k, v)| (*p, k.as_str(), *v)));
+    }
+
     /// Every record of `topic` (all partitions, from the start, `read_committed`):
     /// its headers as text and its value.
     pub fn read_all(&self, topic: &str) -> Vec<(std::collections::BTreeMap<String, String>, String)> {
