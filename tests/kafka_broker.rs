@@ -2,6 +2,9 @@
 //! which `tests/setup.sh` installs), started on a free loopback port with in-memory
 //! storage, and killed when the handle is dropped.
 
+// A test helper: a broker that misbehaves should fail the test loudly, where it happens.
+#![allow(clippy::unwrap_used)]
+
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
