@@ -4,6 +4,9 @@
 //! its changelog. Every run is a `groupstate run` process of `target/release`, in a
 //! consumer group of its own, so each reads the whole topic.
 
+// A benchmark: a failed step ends it, loudly.
+#![allow(clippy::unwrap_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
