@@ -170,15 +170,29 @@ fn an_output_topic_killed_mid_run_holds_each_alert_once_by_its_headers() {
         command.args(["--dead-letter", &format!("kafka://{}/dead-letters", broker.bootstrap())]);
         command
     };
-    // Killed while it runs (the group join takes about 3 s, the run about 20 s), then
-    // run to the end.
-    let mut child = topic_run().stderr(Stdio::piped()).spawn().unwrap();
-    std::thread::sleep(Duration::from_millis(8_000));
-    if child.try_wait().unwrap().is_some() {
-        let out = child.wait_with_output().unwrap();
-        panic!("the run ended before it was killed: {}", String::from_utf8_lossy(&out.stderr));
-    }
+    // Killed while it runs, as soon as its metrics show committed batches, then run
+    // to the end. The admin endpoint serves each partition's metrics.
+    let socket = dir.path().join("admin.sock");
+    let mut child = topic_run().args(["--admin", &format!("unix:{}", socket.display())]).spawn().unwrap();
+    let mut waited_ms = 0;
+    let metrics = loop {
+        if child.try_wait().unwrap().is_some() {
+            panic!("the run ended before it was killed: {}", child.wait_with_output().unwrap().status);
+        }
+        let text = http_get(&socket, "/metrics").map(|(_, body)| body).unwrap_or_default();
+        if text.contains("groupstate_batches_total{partition=") {
+            break text;
+        }
+        assert!(waited_ms < 60_000, "no batch in the metrics within 60 s: {text}");
+        std::thread::sleep(Duration::from_millis(100));
+        waited_ms += 100;
+    };
+    let (status, body) = http_get(&socket, "/plugin").unwrap();
     child.kill().unwrap(); // SIGKILL
+    for family in ["groupstate_input_lag_records{partition=", "groupstate_last_batch_duration_seconds{partition="] {
+        assert!(metrics.contains(family), "the metrics lack {family}: {metrics}");
+    }
+    assert!(status == 501 && body.contains("no hot load"), "GET /plugin: {status} {body}");
     child.wait().unwrap();
     assert_success(&topic_run().output().unwrap());
     let out = dir.path().join("alerts.jsonl");
@@ -190,6 +204,19 @@ fn an_output_topic_killed_mid_run_holds_each_alert_once_by_its_headers() {
     let dead = records_once(&broker, "dead-letters");
     assert!(dead.len() == 1 && dead[0].contains("s-elsewhere"), "{dead:?}");
     assert!(!dir.path().join("state/partition-3/dead-letter.jsonl").exists(), "the dead letter went to a file too");
+}
+
+/// `GET path` over the admin socket: the status and the body; none if the socket does
+/// not answer (yet).
+fn http_get(socket: &Path, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: groupstate\r\nConnection: close\r\n\r\n").ok()?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).ok()?;
+    let (head, body) = reply.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
 }
 
 /// The records of `topic`, each once: a transaction aborted by a kill and replayed
