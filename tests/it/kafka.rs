@@ -180,7 +180,7 @@ fn an_output_topic_killed_mid_run_holds_each_alert_once_by_its_headers() {
             panic!("the run ended before it was killed: {}", child.wait_with_output().unwrap().status);
         }
         let text = http_get(&socket, "/metrics").map(|(_, body)| body).unwrap_or_default();
-        if text.contains("groupstate_batches_total{partition=") {
+        if text.contains("groupstate_last_batch_id{partition=") {
             break text;
         }
         assert!(waited_ms < 60_000, "no batch in the metrics within 60 s: {text}");
