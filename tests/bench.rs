@@ -214,13 +214,25 @@ fn throughput(events: &[u64], sensors: &[u64], runs: usize, batch_events: usize,
 
 /// CPU time (user and system) of this process so far, seconds (Linux).
 fn cpu_seconds() -> f64 {
+    stat_cpu_seconds(false)
+}
+
+/// CPU time (user and system) of this process's waited-for children so far, seconds
+/// (Linux).
+fn children_cpu_seconds() -> f64 {
+    stat_cpu_seconds(true)
+}
+
+fn stat_cpu_seconds(children: bool) -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     // Fields after the command name, which is in parentheses: utime and stime are the
-    // 12th and 13th, in clock ticks (100 a second on Linux).
+    // 12th and 13th, cutime and cstime the 14th and 15th, in clock ticks (100 a
+    // second on Linux).
     let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
     let fields: Vec<&str> = after.split_whitespace().collect();
     let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
+    let first = if children { 13 } else { 11 };
+    (ticks(first) + ticks(first + 1)) / 100.0
 }
 
 /// Peak resident set size of this process, KiB (Linux).

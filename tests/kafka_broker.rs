@@ -94,14 +94,22 @@ impl Broker {
 
     /// Produces `(partition, key, value)` records, in order, and waits for them all.
     pub fn produce<'a>(&self, topic: &str, records: impl IntoIterator<Item = (i32, &'a str, &'a str)>) {
+        self.produce_at(topic, records.into_iter().map(|(p, k, v)| (p, k, v, None)));
+    }
+
+    /// `produce` with a Kafka timestamp per record (none: the producer's clock).
+    pub fn produce_at<'a>(&self, topic: &str, records: impl IntoIterator<Item = (i32, &'a str, &'a str, Option<i64>)>) {
         let producer: BaseProducer = ClientConfig::new()
             .set("bootstrap.servers", self.bootstrap())
             .set("linger.ms", "5")
             .set("queue.buffering.max.messages", "1000000")
             .create()
             .unwrap();
-        for (partition, key, value) in records {
+        for (partition, key, value, timestamp) in records {
             let mut record = BaseRecord::<str, str>::to(topic).key(key).payload(value).partition(partition);
+            if let Some(t) = timestamp {
+                record = record.timestamp(t);
+            }
             // A full local queue clears as the broker acknowledges.
             loop {
                 match producer.send(record) {
@@ -124,18 +132,27 @@ impl Broker {
 
 impl Broker {
     /// Produces the JSON Lines file `input` to `topic`, each line keyed by its
-    /// `key_field` and sent to the partition [`partition_of`] gives, in file order.
-    pub fn produce_keyed_lines(&self, topic: &str, partitions: i32, input: &std::path::Path, key_field: &str) {
+    /// `key_field` and sent to the partition [`partition_of`] gives, in file order;
+    /// with `timestamp_field`, each record's Kafka timestamp is that field's value.
+    pub fn produce_keyed_lines(
+        &self,
+        topic: &str,
+        partitions: i32,
+        input: &std::path::Path,
+        key_field: &str,
+        timestamp_field: Option<&str>,
+    ) {
         let text = std::fs::read_to_string(input).unwrap();
-        let records: Vec<(i32, String, &str)> = text
+        let records: Vec<(i32, String, &str, Option<i64>)> = text
             .lines()
             .map(|line| {
                 let v: serde_json::Value = serde_json::from_str(line).unwrap();
                 let key = v[key_field].as_str().unwrap().to_owned();
-                (partition_of(&key, partitions), key, line)
+                let timestamp = timestamp_field.map(|f| v[f].as_i64().unwrap());
+                (partition_of(&key, partitions), key, line, timestamp)
             })
             .collect();
-        self.produce(topic, records.iter().map(|(p, k, v)| (*p, k.as_str(), *v)));
+        self.produce_at(topic, records.iter().map(|(p, k, v, t)| (*p, k.as_str(), *v, *t)));
     }
 
     /// Every record of `topic` (all partitions, from the start, `read_committed`):

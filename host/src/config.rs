@@ -272,6 +272,10 @@ pub struct PipelineConfig {
     /// The top-level integer field holding event time in epoch milliseconds.
     #[serde(default)]
     pub time_field: Option<String>,
+    /// With a Kafka input: event time is each record's Kafka timestamp (its
+    /// producer's CreateTime, or the broker's LogAppendTime), instead of a field.
+    #[serde(default)]
+    pub kafka_timestamp: bool,
     /// The timeout kind.
     #[serde(default)]
     pub timeout: TimeoutKind,
@@ -408,6 +412,7 @@ impl PipelineConfig {
             state_dir,
             key_field,
             time_field: None,
+            kafka_timestamp: false,
             timeout: TimeoutKind::None,
             watermark_delay_ms: 0,
             event_time_ahead_max_ms: default_event_time_ahead(),
@@ -572,9 +577,19 @@ impl PipelineConfig {
                 _ => {}
             }
         }
-        if self.timeout == TimeoutKind::EventTime && self.time_field.is_none() {
+        if self.kafka_timestamp && !kafka_input {
             return Err(ConfigError(
-                "--timeout event-time needs --time-field: event-time timeouts are fired by the watermark, which comes from event times".into(),
+                "--kafka-timestamp takes event time from Kafka records: it needs a kafka:// input; give --time-field instead".into(),
+            ));
+        }
+        if self.kafka_timestamp && self.time_field.is_some() {
+            return Err(ConfigError(
+                "--kafka-timestamp and --time-field both name the event time: give one of them".into(),
+            ));
+        }
+        if self.timeout == TimeoutKind::EventTime && self.time_field.is_none() && !self.kafka_timestamp {
+            return Err(ConfigError(
+                "--timeout event-time needs --time-field (or --kafka-timestamp with a kafka:// input): event-time timeouts are fired by the watermark, which comes from event times".into(),
             ));
         }
         for bound in self.bounds() {

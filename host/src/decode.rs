@@ -56,6 +56,8 @@ pub struct Decoder {
     /// `None` for a Kafka input keyed by its records' Kafka keys (an empty key field).
     key_field: Option<String>,
     time_field: Option<String>,
+    /// Event time is the Kafka record's timestamp, not a field.
+    kafka_timestamp: bool,
 }
 
 impl Decoder {
@@ -63,7 +65,18 @@ impl Decoder {
     /// (the key is the Kafka record's, and `decode` gives an empty one).
     pub fn new(key_field: &str, time_field: Option<&str>) -> Self {
         let key_field = (!key_field.is_empty()).then(|| key_field.to_owned());
-        Self { key_field, time_field: time_field.map(str::to_owned) }
+        Self { key_field, time_field: time_field.map(str::to_owned), kafka_timestamp: false }
+    }
+
+    /// The decoder of records whose event time is their Kafka timestamp.
+    pub fn with_kafka_timestamp(mut self) -> Self {
+        self.kafka_timestamp = true;
+        self
+    }
+
+    /// Whether event time is the Kafka record's timestamp.
+    pub fn uses_kafka_timestamp(&self) -> bool {
+        self.kafka_timestamp
     }
 
     /// The key field, if records carry their key in one.

@@ -414,7 +414,8 @@ impl PartitionReader {
                             if offset < self.next {
                                 continue;
                             }
-                            self.line(offset, message.key(), message.payload())
+                            let timestamp_ms = message.timestamp().to_millis();
+                            self.line(offset, message.key(), message.payload(), timestamp_ms)
                         }
                     }
                 }
@@ -436,7 +437,7 @@ impl PartitionReader {
     /// A record as a line: its value is the line, its key the line's key. A record
     /// whose key or value the pipeline cannot use becomes a line error, which the
     /// batch sends to the dead-letter output with the offset.
-    fn line(&self, offset: u64, key: Option<&[u8]>, value: Option<&[u8]>) -> Line {
+    fn line(&self, offset: u64, key: Option<&[u8]>, value: Option<&[u8]>, timestamp_ms: Option<i64>) -> Line {
         let key = match key {
             None => Err("is missing; produce every record with its key".to_owned()),
             Some(k) if k.is_empty() || k.len() > KEY_BYTES_MAX => {
@@ -457,7 +458,7 @@ impl PartitionReader {
             (Some(v), Ok(_)) => std::str::from_utf8(v).map(str::to_owned).map_err(|_| LineError::NotUtf8),
         };
         let key = key.ok();
-        Line { offset, key, text }
+        Line { offset, key, timestamp_ms, text }
     }
 }
 

@@ -23,6 +23,11 @@ use crate::sink::{Sink, SinkError, Sinks};
 use crate::source::{Source, SourceError};
 use crate::store::{BatchPlan, Checkpoint, Counters, KeyChange, KeyRecord, PipelineIdentity, Store, StoreError};
 
+/// The time field a state dir records when event time is the Kafka timestamp, so that
+/// a state dir made with `--kafka-timestamp` refuses a run with `--time-field`, and
+/// the other way round.
+const KAFKA_TIMESTAMP_IDENTITY: &str = "(kafka timestamp)";
+
 /// Where a run (or one batch) spent its time, in nanoseconds of the monotonic clock.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StageTimes {
@@ -318,7 +323,10 @@ impl Pipeline {
         };
         let late = side_sink(&config, &config.late, "late.jsonl", checkpoint.late_len)?;
         let dead_letter = side_sink(&config, &config.dead_letter, "dead-letter.jsonl", checkpoint.dead_letter_len)?;
-        let decoder = Decoder::new(&config.key_field, config.time_field.as_deref());
+        let mut decoder = Decoder::new(&config.key_field, config.time_field.as_deref());
+        if config.kafka_timestamp {
+            decoder = decoder.with_kafka_timestamp();
+        }
         let input = Preparer::new(source, decoder, clock.clone())?;
         Ok(Self {
             config,
@@ -1000,7 +1008,12 @@ fn touch_payloads(events: &[Event]) {
 fn identity_of(config: &PipelineConfig) -> PipelineIdentity {
     PipelineIdentity {
         key_field: config.key_field.clone(),
-        time_field: config.time_field.clone(),
+        // A state dir is tied to where its event times come from.
+        time_field: if config.kafka_timestamp {
+            Some(KAFKA_TIMESTAMP_IDENTITY.to_owned())
+        } else {
+            config.time_field.clone()
+        },
         timeout: config.timeout.as_str().to_owned(),
         input: stream_identity(&config.input),
         output: stream_identity(&config.output),

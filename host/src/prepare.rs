@@ -113,7 +113,17 @@ fn prepare(
                 return Ok(true);
             }
         };
-        if let Some(t) = decoded.event_time_ms
+        let event_time_ms = match (decoder.uses_kafka_timestamp(), line.timestamp_ms) {
+            (false, _) => decoded.event_time_ms,
+            (true, Some(t)) => Some(t),
+            (true, None) => {
+                out.records += 1;
+                let why = "the record has no Kafka timestamp, which --kafka-timestamp takes as its event time";
+                out.bad_lines.push(bad_record(req.batch_id, line.offset, why, Some(&text)));
+                return Ok(true);
+            }
+        };
+        if let Some(t) = event_time_ms
             && t < req.watermark_ms
         {
             out.records += 1;
@@ -123,7 +133,6 @@ fn prepare(
             ));
             return Ok(true);
         }
-        let event_time_ms = decoded.event_time_ms;
         // A Kafka record's key is its group key; a key field, when named, must agree,
         // since the key's state lives in the one partition its Kafka key picks.
         let key = match (line.key, decoder.key_field()) {

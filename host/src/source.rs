@@ -24,6 +24,8 @@ pub struct Line {
     pub offset: u64,
     /// The record's Kafka key (a Kafka input only): the record's group key.
     pub key: Option<String>,
+    /// The record's Kafka timestamp in epoch milliseconds (a Kafka input only).
+    pub timestamp_ms: Option<i64>,
     /// The line without its terminator, or why it could not be read.
     pub text: Result<String, LineError>,
 }
@@ -187,7 +189,7 @@ impl<R: BufRead> LineReader<R> {
         } else {
             String::from_utf8(buf).map_err(|_| LineError::NotUtf8)
         };
-        Ok(Some((Line { offset: start, key: None, text }, consumed)))
+        Ok(Some((Line { offset: start, key: None, timestamp_ms: None, text }, consumed)))
     }
 }
 

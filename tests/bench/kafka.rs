@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 
 use groupstate_tests::kafka_broker::Broker;
 
-use crate::{cpu_seconds, median};
+use crate::{children_cpu_seconds, median};
 
 const PARTITIONS: i32 = 8;
 /// A run stops once every partition has been idle at its end this long; it is taken
@@ -48,10 +48,10 @@ fn run_command(broker: &Broker, topic: &str, group: &str, dir: &Path, workers: O
 }
 
 /// Runs `processes` processes in one new group over the topic at once; the seconds
-/// until the last one ended, less the idle wait.
-fn timed_group(broker: &Broker, group: &str, processes: usize, workers: Option<usize>) -> f64 {
+/// until the last one ended, less the idle wait, and the CPU seconds they used.
+fn timed_group(broker: &Broker, group: &str, processes: usize, workers: Option<usize>) -> (f64, f64) {
     let dir = tempfile::tempdir().unwrap();
-    let started = wall_seconds();
+    let (started, cpu) = (wall_seconds(), children_cpu_seconds());
     let children: Vec<_> = (0..processes)
         .map(|i| {
             let d = dir.path().join(format!("p{i}"));
@@ -65,7 +65,7 @@ fn timed_group(broker: &Broker, group: &str, processes: usize, workers: Option<u
             eprintln!("{}", String::from_utf8_lossy(&out.stderr));
         }
     }
-    wall_seconds() - started - IDLE_MS as f64 / 1e3
+    (wall_seconds() - started - IDLE_MS as f64 / 1e3, children_cpu_seconds() - cpu)
 }
 
 /// Wall-clock seconds since the first call (the bench measures time; the host reads
@@ -94,7 +94,7 @@ pub fn kafka(events: u64, sensors: u32, runs: usize, restore_keys: u32, workers:
     let input = groupstate_tests::sensor_input(data.path(), events, sensors, 31);
     let broker = Broker::start();
     broker.create_topic("sensors", PARTITIONS);
-    broker.produce_keyed_lines("sensors", PARTITIONS, &input, "sensor_id");
+    broker.produce_keyed_lines("sensors", PARTITIONS, &input, "sensor_id", None);
     println!(
         "kafka: {events} events, {sensors} sensors, {PARTITIONS} partitions, batches of 20000, {runs} runs each, partition workers {}",
         workers.map_or("default (cores)".to_owned(), |n| n.to_string())
@@ -102,14 +102,12 @@ pub fn kafka(events: u64, sensors: u32, runs: usize, restore_keys: u32, workers:
     let (mut one, mut two) = (Vec::new(), Vec::new());
     for run in 0..runs {
         // Alternated, so that a change in the machine's load hits both alike.
-        let cpu = cpu_seconds();
-        let t1 = timed_group(&broker, &format!("one-{run}"), 1, workers);
-        let t2 = timed_group(&broker, &format!("two-{run}"), 2, workers);
+        let (t1, cpu1) = timed_group(&broker, &format!("one-{run}"), 1, workers);
+        let (t2, cpu2) = timed_group(&broker, &format!("two-{run}"), 2, workers);
         println!(
-            "  run {run}: 1 process {t1:.2} s ({:.0} ev/s), 2 processes {t2:.2} s ({:.0} ev/s); bench cpu {:.1} s",
+            "  run {run}: 1 process {t1:.2} s ({:.0} ev/s, {cpu1:.1} cpu s), 2 processes {t2:.2} s ({:.0} ev/s, {cpu2:.1} cpu s)",
             events as f64 / t1,
             events as f64 / t2,
-            cpu_seconds() - cpu
         );
         one.push(events as f64 / t1);
         two.push(events as f64 / t2);
@@ -121,7 +119,7 @@ pub fn kafka(events: u64, sensors: u32, runs: usize, restore_keys: u32, workers:
     // removed, run again in the same group: the second run restores it.
     let input = groupstate_tests::sensor_input(data.path(), u64::from(restore_keys) * 2, restore_keys, 7);
     broker.create_topic("restore", 1);
-    broker.produce_keyed_lines("restore", 1, &input, "sensor_id");
+    broker.produce_keyed_lines("restore", 1, &input, "sensor_id", None);
     let dir = tempfile::tempdir().unwrap();
     let first = run_command(&broker, "restore", "restore", dir.path(), workers).output().unwrap();
     assert!(first.status.success(), "groupstate run failed: {}", String::from_utf8_lossy(&first.stderr));

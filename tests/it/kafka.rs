@@ -27,7 +27,7 @@ fn broker_with(dir: &Path, events: u64, sensors: u32) -> (Broker, std::collectio
     assert!(want.len() > 100, "the workload should produce alerts, got {}", want.len());
     let broker = Broker::start();
     broker.create_topic("sensors", PARTITIONS);
-    broker.produce_keyed_lines("sensors", PARTITIONS, &input, "sensor_id");
+    broker.produce_keyed_lines("sensors", PARTITIONS, &input, "sensor_id", None);
     (broker, want)
 }
 
@@ -316,6 +316,57 @@ fn three_processes_one_killed_give_the_oracles_alerts_and_restore_moved_partitio
         }
     }
     eprintln!("three processes: {restores} partition restores from the changelog");
+}
+
+#[test]
+fn event_time_can_be_the_records_kafka_timestamp() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = sensor_input(dir.path(), 50_000, 1_000, 31);
+    let want = oracle::sensor_alerts(&input);
+    let broker = Broker::start();
+    broker.create_topic("sensors", PARTITIONS);
+    // Each record's timestamp is its ts field; the run is told to take event time from
+    // the timestamps, not from a field. Without event times no timeout would fire, and
+    // the oracle's timeout alerts would be missing.
+    broker.produce_keyed_lines("sensors", PARTITIONS, &input, "sensor_id", Some("ts"));
+    let url = format!("kafka://{}/sensors", broker.bootstrap());
+    let mut args = sensor_run_args(
+        &url,
+        &dir.path().join("out.jsonl").display().to_string(),
+        &dir.path().join("state").display().to_string(),
+    );
+    let at = args.iter().position(|a| a == "--time-field").unwrap();
+    args.drain(at..at + 2);
+    args.extend(
+        ["--kafka-timestamp", "--group", "ts", "--until-idle-ms", "3000", "--batch-events", "5000"].map(String::from),
+    );
+    assert_success(&Command::new(groupstate_bin()).args(&args).stdin(Stdio::null()).output().unwrap());
+    assert_same_alerts(&alerts_of_all_partitions(dir.path()), &want);
+    // The same state as a run that reads event time from the ts field: the same
+    // watermark, keys and timers in every partition.
+    let by_field =
+        run_in(&broker, &dir.path().join("by-field"), &dir.path().join("f.jsonl").display().to_string(), "f")
+            .output()
+            .unwrap();
+    assert_success(&by_field);
+    for p in 0..PARTITIONS {
+        let state =
+            |name: &str, what: &str| groupstate_state(&dir.path().join(name).join(format!("partition-{p}")), what);
+        let times = |name: &str| {
+            let c: serde_json::Value = serde_json::from_str(&state(name, "checkpoint")).unwrap();
+            (c["max_event_time_ms"].as_i64(), c["watermark_ms"].as_i64())
+        };
+        assert!(times("state").0.is_some(), "partition {p} saw no event time");
+        assert_eq!(times("state"), times("by-field"), "partition {p}'s event times differ");
+        assert!(state("state", "keys") == state("by-field", "keys"), "partition {p}'s keys differ");
+    }
+    // The state dir remembers where its event times come from.
+    args.extend(["--time-field", "ts"].map(String::from));
+    let at = args.iter().position(|a| a == "--kafka-timestamp").unwrap();
+    args.remove(at);
+    let out = Command::new(groupstate_bin()).args(&args).stdin(Stdio::null()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("(kafka timestamp)"), "{stderr}");
 }
 
 #[test]

@@ -139,6 +139,10 @@ struct RunArgs {
     /// Top-level integer field holding event time in epoch milliseconds.
     #[arg(long)]
     time_field: Option<String>,
+    /// With a kafka:// input: event time is each record's Kafka timestamp (instead of
+    /// --time-field).
+    #[arg(long)]
+    kafka_timestamp: bool,
     /// Timeout kind: none, processing-time or event-time.
     #[arg(long)]
     timeout: Option<TimeoutKind>,
@@ -395,6 +399,7 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
     if let Some(k) = &args.key_field {
         config.key_field = k.clone();
     }
+    config.kafka_timestamp |= args.kafka_timestamp;
     if args.time_field.is_some() {
         config.time_field = args.time_field.clone();
     }
