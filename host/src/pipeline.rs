@@ -534,7 +534,14 @@ impl Pipeline {
         }
     }
 
+    /// Whether a batch without data has work: expired timers, or (0.2) expired TTL
+    /// entries to remove.
     fn has_expired_timers(&self, watermark_ms: i64, processing_time_ms: i64) -> Result<bool, Error> {
+        if self.swaps.state_api() == 2
+            && crate::keyed::has_expired_entries(&self.store, processing_time_ms, watermark_ms)?
+        {
+            return Ok(true);
+        }
         match self.timeout_threshold(watermark_ms, processing_time_ms) {
             // A 0.2 timer fires at `expiry <= threshold`.
             Some(threshold) => {
@@ -684,6 +691,8 @@ impl Pipeline {
         let Some((function, variables)) = self.swaps.plugin().keyed() else {
             return Err(crate::config::ConfigError("the plugin is not a groupstate:plugin@0.2.0 one".into()).into());
         };
+        crate::keyed::check_ttl_clocks(&variables, self.config.time_field.is_some())
+            .map_err(crate::config::ConfigError)?;
         let done =
             crate::keyed::run_batch(function, &self.store, variables, &ctx, &prepared.groups, threshold, limit, fail)?;
         self.stages.plugin_ns += self.since(started);
@@ -1027,7 +1036,20 @@ fn check_identity(store: &Store, config: &PipelineConfig) -> Result<(), Error> {
 /// plugin of the other world is refused (0.1 records and 0.2 entries share no layout).
 fn check_state_api(store: &Store, config: &PipelineConfig, api: u32) -> Result<(), Error> {
     match store.state_api()? {
-        None => Ok(store.set_state_api(api)?),
+        None => {
+            if api == 2 {
+                store.set_keyed_layout(crate::keyed::KEYED_LAYOUT)?;
+            }
+            Ok(store.set_state_api(api)?)
+        }
+        Some(2) if api == 2 => match store.keyed_layout()? {
+            Some(crate::keyed::KEYED_LAYOUT) => Ok(()),
+            layout => Err(Error::Mismatch {
+                dir: config.state_dir.clone(),
+                recorded: format!("0.2 entries in layout {} (a development build before TTL)", layout.unwrap_or(0)),
+                given: format!("layout {}", crate::keyed::KEYED_LAYOUT),
+            }),
+        },
         Some(recorded) if recorded == api => Ok(()),
         Some(recorded) => Err(Error::Mismatch {
             dir: config.state_dir.clone(),

@@ -66,6 +66,9 @@ const META_PLAN: &[u8] = b"mplan";
 const META_PIPELINE: &[u8] = b"mpipeline";
 /// The plugin world whose state the dir holds (absent: 0.1).
 const META_STATE_API: &[u8] = b"mstate-api";
+/// The layout of a 0.2 dir's entries (absent: the first 0.2 layout, without the
+/// expiry header of `keyed.rs`).
+const META_KEYED_LAYOUT: &[u8] = b"mkeyed-layout";
 
 /// How often `open` retries a locked database (20 ms apart, 5 s in all) before giving up.
 const OPEN_LOCK_RETRIES: u32 = 250;
@@ -217,30 +220,44 @@ impl StoreReader {
     /// `prefix` on (`prefix` must hold a `\0`, as the keys of 0.2 state do).
     pub fn scan_prefix(&self, prefix: &str, limit: usize) -> Result<Vec<(String, KeyRecord)>> {
         debug_assert!(prefix.contains('\0'), "a prefix scan of keys the overlay does not order");
+        self.scan(prefix, |k| k.starts_with(prefix), limit)
+    }
+
+    /// The committed records of the keys in `[start, end)`, in key order: at most
+    /// `limit + 1`, as [`StoreReader::scan_prefix`] (every key in the range must hold a
+    /// `\0`, as the expiry index's do).
+    pub fn scan_range(&self, start: &str, end: &str, limit: usize) -> Result<Vec<(String, KeyRecord)>> {
+        self.scan(start, |k| k < end, limit)
+    }
+
+    /// The keys from `start` on while `within` holds (it holds for a prefix of the
+    /// keys from `start`).
+    fn scan(&self, start: &str, within: impl Fn(&str) -> bool, limit: usize) -> Result<Vec<(String, KeyRecord)>> {
         let want = limit.saturating_add(1);
         let mut buffered: std::collections::BTreeMap<&str, Option<&[u8]>> = std::collections::BTreeMap::new();
         if let Some(folding) = &self.folding {
-            buffered.extend(folding.range_from(prefix).take_while(|(k, _)| k.starts_with(prefix)));
+            buffered.extend(folding.range_from(start).take_while(|(k, _)| within(k)));
         }
-        buffered.extend(self.overlay.range_from(prefix).take_while(|(k, _)| k.starts_with(prefix)));
+        buffered.extend(self.overlay.range_from(start).take_while(|(k, _)| within(k)));
         let mut found: std::collections::BTreeMap<String, KeyRecord> = std::collections::BTreeMap::new();
         // Enough of sled's to fill `want` whatever the overlays delete.
         let stored_max = want.saturating_add(buffered.len());
         let walk = self.pages.lock().unwrap_or_else(PoisonError::into_inner);
-        'pages: for entry in self.tree.range(pages_above(prefix)) {
+        'pages: for entry in self.tree.range(pages_above(start)) {
             let (raw, bytes) = entry.map_err(io("read a page"))?;
             let page = Page::decode(&bytes)?;
             for (key, record) in page.entries() {
-                if key.starts_with(prefix) && !buffered.contains_key(key.as_str()) {
+                if key.as_str() >= start && within(key) && !buffered.contains_key(key.as_str()) {
                     found.insert(key.clone(), record.clone());
                     if found.len() >= stored_max {
                         break 'pages;
                     }
                 }
             }
-            if !raw[1..].starts_with(prefix.as_bytes()) {
-                // The fence is above every key with the prefix.
-                break;
+            // The page holds the keys below its fence: past the range, so are the next.
+            match std::str::from_utf8(&raw[1..]) {
+                Ok(fence) if within(fence) => {}
+                _ => break,
             }
         }
         drop(walk);
@@ -445,6 +462,18 @@ impl Store {
     /// Records the plugin world whose state this dir holds (first run only).
     pub fn set_state_api(&self, api: u32) -> Result<()> {
         self.folder.tree.insert(META_STATE_API, codec::encode(&api)).map_err(io("write state api"))?;
+        Ok(())
+    }
+
+    /// The layout version of a 0.2 dir's entries (see `keyed::KEYED_LAYOUT`), `None`
+    /// for a dir from before the record.
+    pub fn keyed_layout(&self) -> Result<Option<u32>> {
+        read_meta::<u32>(&self.folder.tree, "0.2 layout", META_KEYED_LAYOUT)
+    }
+
+    /// Records the layout of a new 0.2 dir's entries.
+    pub fn set_keyed_layout(&self, layout: u32) -> Result<()> {
+        self.folder.tree.insert(META_KEYED_LAYOUT, codec::encode(&layout)).map_err(io("write 0.2 layout"))?;
         Ok(())
     }
 

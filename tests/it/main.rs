@@ -17,3 +17,4 @@ mod sandbox;
 mod scenarios;
 mod sensor;
 mod sessions;
+mod ttl;
