@@ -8,6 +8,7 @@ mod authoring;
 mod cli;
 mod crash;
 mod hotload;
+mod initial_state;
 mod integrity;
 mod kafka;
 mod kafka_broker;

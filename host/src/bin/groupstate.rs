@@ -132,6 +132,11 @@ struct RunArgs {
     /// State directory (created if absent).
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// A new state dir's initial state, JSON Lines of {"key": ..., "state": ...}, given
+    /// to a 0.2 plugin's handle-initial-state before the first batch, all or nothing
+    /// (refused once the state dir has a checkpoint).
+    #[arg(long, value_name = "FILE")]
+    initial_state: Option<PathBuf>,
     /// Top-level string field holding the group key.
     #[arg(long)]
     key_field: Option<String>,
@@ -508,6 +513,9 @@ fn run_kafka(args: &RunArgs, config: PipelineConfig) -> Result<()> {
 
 fn run(args: RunArgs) -> Result<()> {
     let config = config_from(&args)?;
+    if matches!(config.input, Stream::Kafka(_)) && args.initial_state.is_some() {
+        bail!("--initial-state does not work with a kafka:// input yet (its state is kept per partition); drop it");
+    }
     if matches!(config.input, Stream::Kafka(_)) {
         return run_kafka(&args, config);
     }
@@ -525,6 +533,10 @@ fn run(args: RunArgs) -> Result<()> {
     let mut pipeline = Pipeline::open(config.clone(), clock.clone())?;
     let opened_ms = (clock.monotonic_ns() - started) / 1_000_000;
     tracing::info!(target: PROGRESS_TARGET, "plugin {} ready in {opened_ms} ms", pipeline.plugin_label());
+    if let Some(path) = &args.initial_state {
+        let keys = pipeline.load_initial_state(path)?;
+        tracing::info!(target: PROGRESS_TARGET, "initial state of {} loaded from {}", count(keys, "key", "keys"), path.display());
+    }
     // The metrics of the one input there is today: partition 0.
     let metrics = Arc::new(Metrics::new());
     let partition = metrics.partition(0);
@@ -739,12 +751,14 @@ fn state(args: &StateArgs) -> Result<()> {
             }
         }
         ("checkpoint", None) => {
-            let cp = store.checkpoint()?.unwrap_or_default();
+            let committed = store.checkpoint()?;
+            let cp = committed.clone().unwrap_or_default();
             let c = cp.counters;
             writeln!(
                 out,
                 "{}",
                 serde_json::json!({
+                    "committed": committed.is_some(),
                     "next_batch_id": cp.next_batch_id,
                     "input_offset": cp.input_offset,
                     "output_len": cp.output_len,
