@@ -42,6 +42,22 @@ pub struct Ttl {
     pub clock: TtlClock,
 }
 
+/// Which part of a variable `render-state` is asked to render.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatePart {
+    /// A value variable's value.
+    Value,
+    /// A list element.
+    ListElement,
+    /// A map key.
+    MapKey,
+    /// A map value.
+    MapValue,
+}
+
+/// The longest answer of `render-state` the host shows (longer: hex).
+pub const RENDERED_BYTES_MAX: usize = 1 << 20;
+
 /// A state variable a 0.2 plugin declared from `init`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Variable {

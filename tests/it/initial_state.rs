@@ -13,9 +13,9 @@ use crate::cli::groupstate_bin;
 
 const NOW: i64 = 1_800_000_000_000;
 /// An event time the real clock of the binary's runs is well ahead of.
-const TS: i64 = 1_000;
+pub(crate) const TS: i64 = 1_000;
 
-fn run(dir: &Path, plugin: &str, initial: Option<&Path>) -> Output {
+pub(crate) fn run(dir: &Path, plugin: &str, initial: Option<&Path>) -> Output {
     let cache = cache_dir().display().to_string();
     let state = dir.join("state").display().to_string();
     let input = dir.join("in.jsonl").display().to_string();
@@ -48,11 +48,11 @@ fn run(dir: &Path, plugin: &str, initial: Option<&Path>) -> Output {
     Command::new(groupstate_bin()).args(&args).output().expect("run groupstate")
 }
 
-fn stderr(out: &Output) -> String {
+pub(crate) fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-fn write_lines(path: &Path, lines: &[Value]) {
+pub(crate) fn write_lines(path: &Path, lines: &[Value]) {
     std::fs::write(path, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
 }
 

@@ -18,4 +18,5 @@ mod sandbox;
 mod scenarios;
 mod sensor;
 mod sessions;
+mod state_view;
 mod ttl;

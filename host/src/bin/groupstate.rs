@@ -4,6 +4,8 @@
 //! admin endpoint's metrics from the batch loop.
 
 // Beside this file, in a folder of its own: a file in src/bin/ would be a binary.
+#[path = "groupstate/keyed_state.rs"]
+mod keyed_state;
 #[path = "groupstate/logging.rs"]
 mod logging;
 
@@ -244,6 +246,16 @@ struct StateArgs {
     /// Show only this key.
     #[arg(long)]
     key: Option<String>,
+    /// A 0.2 state dir's plugin: its render-state decodes the stored bytes as JSON
+    /// (hex where it returns none).
+    #[arg(long)]
+    plugin: Option<PathBuf>,
+    /// A parameter for the plugin's init, name=value (repeatable).
+    #[arg(long = "param", value_parser = parse_param)]
+    params: Vec<(String, String)>,
+    /// Directory of compiled plugins [default: ~/.cache/groupstate].
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
 }
 
 /// `groupstate test`: runs every scenario, says which failed and how, and fails if any
@@ -724,6 +736,28 @@ fn state(args: &StateArgs) -> Result<()> {
     };
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
+    let keyed = store.state_api()? == Some(2);
+    if args.plugin.is_some() && !keyed {
+        bail!(
+            "--plugin decodes a groupstate:plugin@0.2.0 state dir; {} holds 0.1 state, shown without it",
+            args.state_dir.display()
+        );
+    }
+    if keyed && args.show != "checkpoint" {
+        match (args.show.as_str(), &args.key) {
+            ("keys", _) | (_, Some(_)) => {
+                let plugin = match &args.plugin {
+                    Some(path) => Some(state_plugin(path, &args.params, args.cache_dir.clone())?),
+                    None => None,
+                };
+                keyed_state::show_keys(&store, args.key.as_deref(), plugin, &mut out)?;
+            }
+            ("timers", None) => keyed_state::show_timers(&store, &mut out)?,
+            (other, None) => bail!("--show takes keys, timers or checkpoint, not {other:?}"),
+        }
+        out.flush()?;
+        return Ok(());
+    }
     let key_json = |key: &str, r: &groupstate::store::KeyRecord| {
         serde_json::json!({
             "key": key,
@@ -780,6 +814,24 @@ fn state(args: &StateArgs) -> Result<()> {
     }
     out.flush()?;
     Ok(())
+}
+
+/// The plugin `groupstate state --plugin` renders through: a 0.2 one.
+fn state_plugin(
+    path: &std::path::Path,
+    params: &[(String, String)],
+    cache: Option<PathBuf>,
+) -> Result<groupstate::plugin::Plugin> {
+    let cache = cache.or_else(groupstate::pipeline::default_cache_dir);
+    let runtime = groupstate::plugin::Runtime::new(&groupstate::Limits::default(), cache.as_deref())?;
+    let plugin = runtime.load(path, params)?;
+    if plugin.state_api() != 2 {
+        bail!(
+            "--plugin {}: a groupstate:plugin@0.1.0 plugin has no render-state; give the state dir's 0.2 plugin",
+            path.display()
+        );
+    }
+    Ok(plugin)
 }
 
 fn plugin(path: &std::path::Path) -> Result<()> {

@@ -7,7 +7,10 @@ use wasmtime::component::Resource;
 
 use super::{Activity, CallError, HostState, Plugin, check_outputs, clip_message, set_deadline, trap_message};
 use crate::config::TimeoutKind;
-use crate::keyed::{KeyCall, KeyStateError, KeyedFunction, RequestError, Timer, Ttl, TtlClock, Variable, VariableKind};
+use crate::keyed::{
+    KeyCall, KeyStateError, KeyedFunction, RENDERED_BYTES_MAX, RequestError, StatePart, Timer, Ttl, TtlClock, Variable,
+    VariableKind,
+};
 use crate::plugin::Event;
 
 /// The generated bindings of the 0.2 `state-function` world.
@@ -49,22 +52,6 @@ impl From<types::Variable> for Variable {
         Self { name: v.name, kind, ttl }
     }
 }
-
-/// Which part of a variable `render-state` is asked to render.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StatePart {
-    /// A value variable's value.
-    Value,
-    /// A list element.
-    ListElement,
-    /// A map key.
-    MapKey,
-    /// A map value.
-    MapValue,
-}
-
-/// The longest answer of `render-state` the host shows (longer: hex).
-pub const RENDERED_BYTES_MAX: usize = 1 << 20;
 
 fn time_mode(kind: TimeoutKind) -> types::TimeMode {
     match kind {

@@ -11,7 +11,7 @@
 //!
 //! Initial state: a JSON object whose fields `v`, `log` (array), `m` (object), `tv`,
 //! `tl`, `tm`, `timers` (array of expiries) are written; the string `"fail"` is
-//! refused. `render-state` renders every variable's strings as JSON except `pl`'s
+//! refused. `render-state` renders every variable's strings as JSON except `tl`'s
 //! (`none`: the host shows hex).
 
 use groupstate_sdk::v2::{KeyState, KeyedFunction, StatePart, Timer, Ttl, Variable, render_as, render_key_as};
@@ -179,7 +179,7 @@ impl KeyedFunction for KeyedProbe {
 
     fn render_state(&self, variable: &str, part: StatePart, bytes: &[u8]) -> Option<String> {
         match (variable, part) {
-            ("pl", _) => None,
+            ("tl", _) => None,
             (_, StatePart::MapKey) => render_key_as::<String>(bytes),
             _ => render_as::<String>(bytes),
         }
