@@ -1,9 +1,10 @@
 //! A scriptable 0.2 test plugin. Each event is `{"k": KEY, "ops": [OP, ...]}`; the ops
 //! run in order on value `v`, list `log` and map `m` (strings), and timers:
 //! `set:X`, `clear`, `append:X`, `appendn:N` (N appends), `clearlist`, `put:K=V`,
-//! `del:K`, `timer:T`, `timer:T:NAME`, `untimer:T`, `badvar`, `fail` (return an error
-//! after the ops), `trap` (panic). A refused op is reported, not fatal. Every call
-//! (data or timer) outputs the state it leaves behind.
+//! `del:K`, `putn:N:START` (N puts, keys START.. as 10 digits), `timer:T`,
+//! `timer:T:NAME`, `untimer:T`, `badvar`, `fail` (return an error after the ops), `trap`
+//! (panic), `quiet` (no output: the benchmark's calls read nothing back). A refused op is
+//! reported, not fatal. Every call (data or timer) outputs the state it leaves behind.
 //!
 //! Variables with a 1000 ms TTL: value `tv` (processing time; `tset:X`, `tclear`), list
 //! `tl` (event time; `tappend:X`, `tclearlist`), map `tm` (event time; `tput:K=V`,
@@ -49,6 +50,14 @@ fn run(op: &str, state: &KeyState<'_>) -> Result<(), Error> {
             Ok(())
         }
         "clearlist" => list.clear(),
+        "putn" => {
+            let (n, start) = arg.split_once(':').unwrap_or((arg, "0"));
+            let start: u64 = start.parse().map_err(Error::from)?;
+            for i in 0..n.parse::<u64>().map_err(Error::from)? {
+                map.put(&format!("{:010}", start + i), &i.to_string())?;
+            }
+            Ok(())
+        }
         "put" => {
             let (k, v) = arg.split_once('=').unwrap_or((arg, ""));
             map.put(&k.to_owned(), &v.to_owned())
@@ -131,10 +140,13 @@ impl KeyedFunction for KeyedProbe {
     fn process(&mut self, key: &String, events: Vec<Event<Script>>, state: &KeyState<'_>) -> Result<Vec<Value>, Error> {
         let mut errors = Vec::new();
         let mut fail = false;
+        let mut quiet = false;
         for event in events {
             for op in &event.value.ops {
                 if op == "fail" {
                     fail = true;
+                } else if op == "quiet" {
+                    quiet = true;
                 } else if let Err(e) = run(op, state) {
                     errors.push(format!("{op}: {e}"));
                 }
@@ -142,6 +154,12 @@ impl KeyedFunction for KeyedProbe {
         }
         if fail {
             return Err(Error::msg("fail requested"));
+        }
+        if quiet {
+            return match errors.first() {
+                Some(e) => Err(Error::msg(e)),
+                None => Ok(Vec::new()),
+            };
         }
         Ok(vec![report(key, None, errors, state)?])
     }
