@@ -133,6 +133,13 @@ pub fn unpack_entry<'b>(store_key: &str, stored: &'b [u8]) -> Result<(Option<Exp
     Ok((Some(Expiry { event_time, at_ms }), bytes))
 }
 
+/// A list element as stored: its store key, its expiry and the plugin's bytes.
+type StoredElement = (String, Option<Expiry>, Vec<u8>);
+
+/// Why an initial-state load stopped: the index of the line's (key, state) pair, the
+/// key and the call's failure.
+pub type InitialStateRefused = (usize, String, CallError);
+
 /// Checks the variables a plugin declared: valid, unique names, positive TTLs.
 pub fn check_variables(variables: &[Variable]) -> Result<(), String> {
     for (i, v) in variables.iter().enumerate() {
@@ -429,12 +436,11 @@ impl KeyCall {
         value: Option<Vec<u8>>,
     ) -> Request<Vec<(String, Option<KeyRecord>)>> {
         let mut changes = Vec::with_capacity(3);
-        if ttl.is_some() {
-            if let Some(stored) = self.read(&key)?.and_then(|r| r.value) {
-                if let (Some(old), _) = unpack_entry(&key, &stored)? {
-                    changes.push((sk::expiry_index_key(old.event_time, old.at_ms, &key), None));
-                }
-            }
+        let old = if ttl.is_some() { self.read(&key)?.and_then(|r| r.value) } else { None };
+        if let Some(stored) = old
+            && let (Some(old), _) = unpack_entry(&key, &stored)?
+        {
+            changes.push((sk::expiry_index_key(old.event_time, old.at_ms, &key), None));
         }
         let Some(value) = value else {
             changes.push((key, None));
@@ -586,7 +592,7 @@ impl KeyCall {
     }
 
     /// The list's elements in the store (expired or not) with their expiry.
-    fn list_elements(&self, name: &str) -> Request<Vec<(String, Option<Expiry>, Vec<u8>)>> {
+    fn list_elements(&self, name: &str) -> Request<Vec<StoredElement>> {
         let mut out = Vec::new();
         for (key, record) in self.range(&sk::list_prefix(&self.key, name))? {
             let stored = record.value.unwrap_or_default();
@@ -811,7 +817,7 @@ pub fn run_initial_state(
     variables: std::sync::Arc<Vec<Variable>>,
     ctx: &CallContext,
     states: impl Iterator<Item = (String, String)>,
-) -> Result<Result<Vec<KeyChange>, (usize, String, CallError)>, StoreError> {
+) -> Result<Result<Vec<KeyChange>, InitialStateRefused>, StoreError> {
     let mut view = BatchView { reader: store.reader(), applied: BTreeMap::new() };
     for (index, (key, json)) in states.enumerate() {
         // No watermark before the first batch: an event-time TTL counts from the load's

@@ -40,6 +40,9 @@ struct KeyModel {
     pm: BTreeMap<String, (String, i64)>,
 }
 
+/// A stored TTL entry as the test names it: (entry, value, (event time, expiry)).
+type TtlEntry = (String, String, (bool, i64));
+
 /// The oracle: the WIT's rules, written out plainly.
 struct Oracle {
     keys: BTreeMap<String, KeyModel>,
@@ -101,7 +104,7 @@ impl Oracle {
 
     /// The store entries the oracle expects once every entry expired at `now` and the
     /// watermark is removed: (store key, value, expiry).
-    fn stored(&self, now: i64) -> Vec<(String, String, (bool, i64))> {
+    fn stored(&self, now: i64) -> Vec<TtlEntry> {
         let w = self.watermark;
         let mut out = Vec::new();
         for (key, m) in &self.keys {
@@ -177,9 +180,7 @@ fn config(dir: &Path, removals_max: usize) -> PipelineConfig {
 /// The TTL entries of a store: (value or list or map entry, its value, expiry), with
 /// list elements named by position among the list's stored elements, as the oracle
 /// names them, and the expiry index entries.
-fn ttl_entries(
-    records: &[(String, groupstate::store::KeyRecord)],
-) -> (Vec<(String, String, (bool, i64))>, Vec<String>) {
+fn ttl_entries(records: &[(String, groupstate::store::KeyRecord)]) -> (Vec<TtlEntry>, Vec<String>) {
     let mut entries = Vec::new();
     let mut index = Vec::new();
     let mut position: BTreeMap<(String, String), usize> = BTreeMap::new();
