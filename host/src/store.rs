@@ -1084,7 +1084,8 @@ mod tests {
 
     /// `StoreReader` against a map: composite keys of a few groups, changed and deleted
     /// over many commits, with folds in place and on their own thread, so that the
-    /// entries of a prefix lie in the overlay, the overlay being folded and sled's pages.
+    /// entries of a prefix or a range lie in the overlay, the overlay being folded and
+    /// sled's pages.
     #[test]
     fn reader_prefix_ranges_match_a_model_through_folds() {
         let dir = tempfile::tempdir().unwrap();
@@ -1147,6 +1148,20 @@ mod tests {
                     assert_eq!(reader.get(k).unwrap().and_then(|r| r.value).as_ref(), Some(v));
                 }
             }
+            // A range [start, end) inside a prefix, as the expiry index is read (the
+            // plain keys between the groups are not composite: no range may span them).
+            let (a, b, g) = (next(300), next(300), next(4));
+            let start = format!("{}{:04x}", prefix(g), a.min(b));
+            let end = format!("{}{:04x}", prefix(g), a.max(b));
+            let want: Vec<(String, Vec<u8>)> = model
+                .range(start.clone()..)
+                .take_while(|(k, _)| **k < end)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let got = reader.scan_range(&start, &end, 1000).unwrap();
+            let got: Vec<(String, Vec<u8>)> = got.into_iter().map(|(k, r)| (k, r.value.unwrap())).collect();
+            assert_eq!(got, want, "batch {batch}, range {start:?}..{end:?}");
+            assert_eq!(reader.scan_range(&start, &end, 2).unwrap().len(), want.len().min(3), "at most limit + 1");
         }
         store.check_consistency().unwrap();
     }
