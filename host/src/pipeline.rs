@@ -259,10 +259,15 @@ impl Pipeline {
     pub fn open_with_function(
         config: PipelineConfig,
         clock: Arc<dyn Clock>,
-        plugin: Box<dyn StateFunction>,
+        mut plugin: Box<dyn StateFunction>,
     ) -> Result<Self, Error> {
         config.validate()?;
         check_streams(&config)?;
+        // Before the state dir is made: a plugin this pipeline cannot run leaves none.
+        if let Some((_, variables)) = plugin.keyed() {
+            crate::keyed::check_ttl_clocks(&variables, config.time_field.is_some())
+                .map_err(crate::config::ConfigError)?;
+        }
         let store = Store::open(
             &config.state_dir.join("store"),
             config.limits.store_cache_bytes,

@@ -286,3 +286,15 @@ fn expired_entries_over_the_removal_limit_stay_invisible() {
     // One removal per batch: most expired entries are read before they go.
     check(4, 1);
 }
+
+#[test]
+fn an_event_time_ttl_needs_a_time_field() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("in.jsonl"), "").unwrap();
+    let mut config = config(dir.path(), 10);
+    config.time_field = None;
+    let clock = std::sync::Arc::new(groupstate::ManualClock::new(NOW));
+    let why = groupstate::Pipeline::open(config, clock).err().expect("refused").to_string();
+    assert!(why.contains("\"tl\"") && why.contains("event-time TTL") && why.contains("--time-field"), "{why}");
+    assert!(!dir.path().join("state").exists(), "no state dir is made for a pipeline that cannot run");
+}
