@@ -294,7 +294,10 @@ fn an_event_time_ttl_needs_a_time_field() {
     let mut config = config(dir.path(), 10);
     config.time_field = None;
     let clock = std::sync::Arc::new(groupstate::ManualClock::new(NOW));
-    let why = groupstate::Pipeline::open(config, clock).err().expect("refused").to_string();
+    let why = match groupstate::Pipeline::open(config, clock) {
+        Ok(_) => panic!("a pipeline without a time field took an event-time TTL"),
+        Err(e) => e.to_string(),
+    };
     assert!(why.contains("\"tl\"") && why.contains("event-time TTL") && why.contains("--time-field"), "{why}");
     assert!(!dir.path().join("state").exists(), "no state dir is made for a pipeline that cannot run");
 }
