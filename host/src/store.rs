@@ -459,9 +459,11 @@ impl Store {
         }
     }
 
-    /// Records the plugin world whose state this dir holds (first run only).
+    /// Records the plugin world whose state this dir holds (first run only), durably:
+    /// a dir whose checkpoint survived a crash without it would read as 0.1.
     pub fn set_state_api(&self, api: u32) -> Result<()> {
         self.folder.tree.insert(META_STATE_API, codec::encode(&api)).map_err(io("write state api"))?;
+        self.folder.db.flush().map_err(io("flush sled"))?;
         Ok(())
     }
 
@@ -471,9 +473,10 @@ impl Store {
         read_meta::<u32>(&self.folder.tree, "0.2 layout", META_KEYED_LAYOUT)
     }
 
-    /// Records the layout of a new 0.2 dir's entries.
+    /// Records the layout of a new 0.2 dir's entries, durably (as `set_state_api`).
     pub fn set_keyed_layout(&self, layout: u32) -> Result<()> {
         self.folder.tree.insert(META_KEYED_LAYOUT, codec::encode(&layout)).map_err(io("write 0.2 layout"))?;
+        self.folder.db.flush().map_err(io("flush sled"))?;
         Ok(())
     }
 

@@ -301,3 +301,105 @@ fn an_event_time_ttl_needs_a_time_field() {
     assert!(why.contains("\"tl\"") && why.contains("event-time TTL") && why.contains("--time-field"), "{why}");
     assert!(!dir.path().join("state").exists(), "no state dir is made for a pipeline that cannot run");
 }
+
+/// `groupstate run` of the keyed-probe over `input` into `dir` (event-time TTL ops
+/// only, so the outputs do not depend on the real clock of the runs).
+fn crash_run_args(input: &Path, dir: &Path) -> Vec<String> {
+    let p = |name: &str| dir.join(name).display().to_string();
+    let cache = cache_dir().display().to_string();
+    let input = input.display().to_string();
+    let (out, state) = (p("out.jsonl"), p("state"));
+    [
+        "run",
+        "--plugin",
+        plugins::KEYED_PROBE,
+        "--input",
+        &input,
+        "--output",
+        &out,
+        "--state-dir",
+        &state,
+        "--key-field",
+        "k",
+        "--time-field",
+        "ts",
+        "--watermark-delay-ms",
+        "500",
+        "--batch-events",
+        "400",
+        "--cache-dir",
+        &cache,
+        "--quiet",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+#[test]
+fn ttl_expiry_replays_the_same_after_kill_9() {
+    use std::process::{Command, Stdio};
+
+    use crate::cli::groupstate_bin;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Lcg(11);
+    let mut ts = NOW - 1_000_000;
+    let mut text = String::new();
+    for i in 0..150_000u64 {
+        ts += rng.below(20) as i64;
+        let at = if rng.below(10) == 0 { ts - rng.below(700) as i64 } else { ts };
+        let op = match rng.below(6) {
+            0 | 1 => format!("tappend:{i}"),
+            2 | 3 => format!("tput:{}={i}", rng.below(5)),
+            4 => format!("tdel:{}", rng.below(5)),
+            _ => "tclearlist".to_owned(),
+        };
+        text.push_str(&format!("{}\n", json!({"k": format!("u{}", rng.below(200)), "ts": at, "ops": [op]})));
+    }
+    let input = dir.path().join("in.jsonl");
+    std::fs::write(&input, text).unwrap();
+    let reference = dir.path().join("reference");
+    let clock = groupstate::SystemClock;
+    let started = groupstate::Clock::monotonic_ns(&clock);
+    let status = Command::new(groupstate_bin()).args(crash_run_args(&input, &reference)).status().unwrap();
+    assert!(status.success(), "reference run failed");
+    let reference_ms = (groupstate::Clock::monotonic_ns(&clock) - started) / 1_000_000;
+
+    let crashed = dir.path().join("crashed");
+    let mut kills = 0;
+    for attempt in 0..200 {
+        let mut child = Command::new(groupstate_bin())
+            .args(crash_run_args(&input, &crashed))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        if kills < 8 {
+            // Short against the reference run, so that the run cannot finish within the
+            // kills and most of them land inside batches.
+            std::thread::sleep(std::time::Duration::from_millis(5 + rng.below(reference_ms / 10 + 20)));
+            if child.try_wait().unwrap().is_none() {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                kills += 1;
+                continue;
+            }
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "restart {attempt} failed: {}", String::from_utf8_lossy(&out.stderr));
+        break;
+    }
+    assert!(kills >= 3, "only {kills} kills landed inside the run (reference run {reference_ms} ms)");
+    println!("ttl crash test: {kills} kills, reference run {reference_ms} ms");
+    for name in ["out.jsonl", "state/late.jsonl"] {
+        let (want, got) = (std::fs::read(reference.join(name)).unwrap(), std::fs::read(crashed.join(name)).unwrap());
+        assert!(got == want, "{name} differs from the uninterrupted run ({} vs {} bytes)", got.len(), want.len());
+    }
+    let open =
+        |dir: &Path| groupstate::store::Store::open(&dir.join("state/store"), 1 << 20, 1 << 20, 1 << 20).unwrap();
+    let (want, got) = (open(&reference), open(&crashed));
+    let (want, got) = (store_contents(&want), store_contents(&got));
+    assert!(got == want, "the state (entries, expiry index, timers) differs from the uninterrupted run");
+    // Entries did expire along the way: the store holds fewer than were written.
+    assert!(want.0.len() < 150_000, "{} entries left", want.0.len());
+}
