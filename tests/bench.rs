@@ -47,6 +47,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const GAP_MS: i64 = 600_000;
 const WINDOW_MS: i64 = 60_000;
 
+#[path = "bench/kafka.rs"]
+mod kafka;
+
 fn main() {
     groupstate::allocator::return_freed_memory_sooner();
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -73,6 +76,13 @@ fn main() {
         Some("timers") => timers(&list("--keys", "10000,1000000"), num("--batches", 20) as usize),
         Some("swap") => swap(num("--runs", 5) as usize),
         Some("state") => state_cost(num("--size", 10_000), num("--ops", 1000), num("--runs", 5) as usize),
+        Some("kafka") => kafka::kafka(
+            num("--events", 200_000),
+            num("--sensors", 10_000) as u32,
+            num("--runs", 3) as usize,
+            num("--restore-keys", 100_000) as u32,
+            args.iter().any(|a| a == "--partition-workers").then(|| num("--partition-workers", 0) as usize),
+        ),
         // A child process of `throughput`: one run, one JSON line on stdout.
         Some("one") => one(&args[1], Path::new(&args[2]), num("--batch-events", 0) as usize),
         _ => {
@@ -82,6 +92,9 @@ fn main() {
             eprintln!("       bench timers [--keys 10000,1000000] [--batches B]");
             eprintln!("       bench swap [--runs R]");
             eprintln!("       bench state [--size N] [--ops K] [--runs R]");
+            eprintln!(
+                "       bench kafka [--events N] [--sensors K] [--runs R] [--restore-keys K] [--partition-workers W]"
+            );
             std::process::exit(2);
         }
     }

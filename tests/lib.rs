@@ -15,6 +15,7 @@ pub mod plugins {
     include!(concat!(env!("OUT_DIR"), "/plugins.rs"));
 }
 
+pub mod kafka_broker;
 pub mod oracle;
 
 /// A sensor workload file in `dir`.

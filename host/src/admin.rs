@@ -181,6 +181,19 @@ pub enum AdminError {
 
 /// What the endpoint needs from the pipeline.
 pub struct Admin {
+    /// What `/plugin` reports and loads into; none when the run has no hot load (a
+    /// Kafka input's partitions, for now), and `/plugin` says so.
+    pub plugin: Option<PluginTarget>,
+    /// The metrics `GET /metrics` renders, updated by whoever runs the batch loop.
+    pub metrics: Arc<Metrics>,
+    /// The bearer token, if any; required on TCP.
+    pub token: Option<String>,
+    /// Connections, timeouts and sizes.
+    pub limits: AdminLimits,
+}
+
+/// Where `POST /plugin` loads uploads to, and whose status `GET /plugin` reports.
+pub struct PluginTarget {
     /// Compiles uploads.
     pub runtime: Arc<Runtime>,
     /// The plugin's `init` parameters.
@@ -191,12 +204,6 @@ pub struct Admin {
     pub sender: SwapSender,
     /// The pipeline's plugin status.
     pub status: Arc<Mutex<PluginStatus>>,
-    /// The metrics `GET /metrics` renders, updated by whoever runs the batch loop.
-    pub metrics: Arc<Metrics>,
-    /// The bearer token, if any; required on TCP.
-    pub token: Option<String>,
-    /// Connections, timeouts and sizes.
-    pub limits: AdminLimits,
 }
 
 /// The running endpoint. Dropping it stops the server, joins its thread and removes
@@ -501,8 +508,12 @@ async fn respond(request: Request<Incoming>, shared: &Arc<Shared>) -> Reply {
 }
 
 async fn plugin(request: Request<Incoming>, shared: &Arc<Shared>) -> Reply {
+    let Some(target) = &shared.admin.plugin else {
+        let why = "this run has no hot load (a kafka:// input's partitions do not swap plugins yet): restart it with the new plugin; GET /metrics works";
+        return error(StatusCode::NOT_IMPLEMENTED, why);
+    };
     match *request.method() {
-        Method::GET => json(StatusCode::OK, status_json(&shared.admin.status)),
+        Method::GET => json(StatusCode::OK, status_json(&target.status)),
         Method::POST => upload(request, shared).await,
         _ => not_allowed("use GET /plugin or POST /plugin", "GET, POST"),
     }
@@ -576,6 +587,9 @@ fn too_large(limit: u64) -> Reply {
 
 /// Writes the upload, loads it and queues it (blocking).
 fn store_and_load(bytes: &[u8], admin: &Admin) -> Reply {
+    let Some(admin) = &admin.plugin else {
+        return error(StatusCode::NOT_IMPLEMENTED, "this run has no hot load");
+    };
     let sha = crate::plugin::sha256_hex(bytes);
     let path = admin.upload_dir.join(format!("upload-{sha}.wasm"));
     let written = std::fs::create_dir_all(&admin.upload_dir).and_then(|()| std::fs::write(&path, bytes));

@@ -76,8 +76,9 @@ impl FromStr for ErrorPolicy {
 }
 
 /// Where records come from or outputs go: a file, or `-` for stdin/stdout; with a
-/// Kafka input, the input and the output can be Kafka topics (`kafka://HOST:PORT/TOPIC`,
-/// given on the command line).
+/// Kafka input, the input and every output can be Kafka topics
+/// (`kafka://HOST:PORT/TOPIC`, turned into topics by
+/// [`PipelineConfig::resolve_topics`]).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(from = "PathBuf")]
 pub enum Stream {
@@ -264,13 +265,18 @@ pub struct PipelineConfig {
     /// Parameters passed to the plugin's `init`.
     #[serde(default)]
     pub params: Vec<(String, String)>,
-    /// JSON Lines input.
+    /// JSON Lines input: a file, `-` for stdin, or `kafka://HOST:PORT/TOPIC`.
     pub input: Stream,
+    /// The consumer group of a Kafka input: its members share the topic's partitions.
+    #[serde(default)]
+    pub group: Option<String>,
     /// JSON Lines output.
     pub output: Stream,
     /// The state directory (sled).
     pub state_dir: PathBuf,
-    /// The top-level string field holding the group key.
+    /// The top-level string field holding the group key (a Kafka input's default:
+    /// the record's Kafka key).
+    #[serde(default)]
     pub key_field: String,
     /// The top-level integer field holding event time in epoch milliseconds.
     #[serde(default)]
@@ -303,14 +309,14 @@ pub struct PipelineConfig {
     /// What to do when a plugin call fails.
     #[serde(default)]
     pub on_error: ErrorPolicy,
-    /// Where undecodable records and dead-lettered calls go; default: next to the
-    /// output as `<output>.dead-letter.jsonl`, or stderr when the output is stdout.
+    /// Where undecodable records and dead-lettered calls go: a file (default
+    /// `<state-dir>/dead-letter.jsonl`) or, with a Kafka input, a topic.
     #[serde(default)]
-    pub dead_letter: Option<PathBuf>,
-    /// Where records behind the watermark go; default: `<output>.late.jsonl`, or
-    /// stderr when the output is stdout.
+    pub dead_letter: Option<Stream>,
+    /// Where records behind the watermark go: a file (default
+    /// `<state-dir>/late.jsonl`) or, with a Kafka input, a topic.
     #[serde(default)]
-    pub late: Option<PathBuf>,
+    pub late: Option<Stream>,
     /// Keep reading the input after its end (a file still being written, or stdin),
     /// running empty batches every `trigger_interval_ms`.
     #[serde(default)]
@@ -406,6 +412,7 @@ impl PipelineConfig {
             plugin,
             params: Vec::new(),
             input,
+            group: None,
             output,
             state_dir,
             key_field,
@@ -434,9 +441,60 @@ impl PipelineConfig {
         let text =
             std::fs::read_to_string(path).map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
         let mut config: Self = toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
+        config.resolve_topics()?;
         let base = path.parent().unwrap_or(std::path::Path::new("."));
         config.rebase(base);
         Ok(config)
+    }
+
+    /// Turns the `kafka://HOST:PORT/TOPIC` among the input and outputs into topics:
+    /// the input is read in consumer `group`, the outputs are produced in the input
+    /// partitions' transactions (so they need a Kafka input).
+    pub fn resolve_topics(&mut self) -> Result<(), ConfigError> {
+        let url = |stream: &Stream| match stream {
+            Stream::File(p) => p.to_str().filter(|t| t.starts_with(KAFKA_SCHEME)).map(str::to_owned),
+            _ => None,
+        };
+        if let Some(u) = url(&self.input) {
+            let group = self.group.as_deref().ok_or_else(|| {
+                ConfigError(format!(
+                    "--input {u} needs --group NAME (group = \"NAME\" in a TOML file): the consumer group whose members share the topic's partitions"
+                ))
+            })?;
+            self.input = Stream::Kafka(KafkaInput::parse(&u, group)?);
+        }
+        let group = match &self.input {
+            Stream::Kafka(k) => Some(k.group.clone()),
+            _ => None,
+        };
+        let outputs = [
+            ("--output", Some(&mut self.output)),
+            ("--late", self.late.as_mut()),
+            ("--dead-letter", self.dead_letter.as_mut()),
+        ];
+        for (flag, stream) in outputs {
+            let Some(stream) = stream else { continue };
+            let Some(u) = url(stream) else { continue };
+            let Some(group) = &group else {
+                return Err(ConfigError(format!(
+                    "{flag} {u}: a Kafka topic output needs a kafka:// input (its records are produced in the input partition's transaction); write to a file"
+                )));
+            };
+            *stream = Stream::Kafka(KafkaInput::parse_for(flag, &u, group)?);
+        }
+        Ok(())
+    }
+
+    /// Sets the consumer group of the input and of the topics produced in its
+    /// transactions.
+    pub fn set_group(&mut self, group: &str) {
+        self.group = Some(group.to_owned());
+        let streams = [Some(&mut self.input), Some(&mut self.output), self.dead_letter.as_mut(), self.late.as_mut()];
+        for stream in streams.into_iter().flatten() {
+            if let Stream::Kafka(k) = stream {
+                k.group = group.to_owned();
+            }
+        }
     }
 
     fn rebase(&mut self, base: &std::path::Path) {
@@ -447,13 +505,11 @@ impl PipelineConfig {
         };
         fix(&mut self.plugin);
         fix(&mut self.state_dir);
-        for stream in [&mut self.input, &mut self.output] {
+        let streams = [Some(&mut self.input), Some(&mut self.output), self.dead_letter.as_mut(), self.late.as_mut()];
+        for stream in streams.into_iter().flatten() {
             if let Stream::File(p) = stream {
                 fix(p);
             }
-        }
-        for p in [&mut self.dead_letter, &mut self.late].into_iter().flatten() {
-            fix(p);
         }
         if let Some(p) = &mut self.cache_dir {
             fix(p);
@@ -501,10 +557,31 @@ impl PipelineConfig {
         if self.key_field.is_empty() && !matches!(self.input, Stream::Kafka(_)) {
             return Err(ConfigError("--key-field must name a field".into()));
         }
-        if matches!(self.output, Stream::Kafka(_)) && !matches!(self.input, Stream::Kafka(_)) {
+        let kafka_input = matches!(self.input, Stream::Kafka(_));
+        if self.group.is_some() && !kafka_input {
             return Err(ConfigError(
-                "--output can be a Kafka topic only with a kafka:// input (its records are produced in the input partition's transaction); write to a file".into(),
+                "--group is only for a kafka:// input; drop it, or give --input kafka://HOST:PORT/TOPIC".into(),
             ));
+        }
+        for (flag, stream) in [
+            ("--output", Some(&self.output)),
+            ("--late", self.late.as_ref()),
+            ("--dead-letter", self.dead_letter.as_ref()),
+        ] {
+            match stream {
+                Some(Stream::Kafka(_)) if !kafka_input => {
+                    return Err(ConfigError(format!(
+                        "{flag} can be a Kafka topic only with a kafka:// input (its records are produced in the input partition's transaction); write to a file"
+                    )));
+                }
+                Some(Stream::Std) if flag != "--output" => {
+                    return Err(ConfigError(format!(
+                        "{flag} cannot be - (stdout is the output): give a file path{}",
+                        if kafka_input { " or kafka://HOST:PORT/TOPIC" } else { "" }
+                    )));
+                }
+                _ => {}
+            }
         }
         if self.timeout == TimeoutKind::EventTime && self.time_field.is_none() {
             return Err(ConfigError(
@@ -526,5 +603,54 @@ impl PipelineConfig {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from_toml(text: &str) -> Result<PipelineConfig, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pipeline.toml");
+        std::fs::write(&path, text).unwrap();
+        PipelineConfig::from_toml_file(&path).and_then(|c| c.validate().map(|()| c))
+    }
+
+    const KAFKA: &str = r#"
+        plugin = "p.wasm"
+        input = "kafka://127.0.0.1:9092/events"
+        state_dir = "state"
+    "#;
+
+    #[test]
+    fn a_toml_file_reads_kafka_topics_in_its_group() {
+        let c = from_toml(&format!(
+            "{KAFKA}group = \"g\"\noutput = \"kafka://127.0.0.1:9092/alerts\"\nlate = \"late.jsonl\"\ndead_letter = \"kafka://127.0.0.1:9092/dlq\"\n"
+        ))
+        .unwrap();
+        let topic = |s: &Stream| match s {
+            Stream::Kafka(k) => Some((k.topic.clone(), k.group.clone())),
+            _ => None,
+        };
+        assert_eq!(topic(&c.input), Some(("events".into(), "g".into())));
+        assert_eq!(topic(&c.output), Some(("alerts".into(), "g".into())));
+        assert_eq!(c.dead_letter.as_ref().and_then(topic), Some(("dlq".into(), "g".into())));
+        assert!(matches!(&c.late, Some(Stream::File(p)) if p.is_absolute() && p.ends_with("late.jsonl")));
+        assert_eq!(c.key_field, "", "a Kafka input keys by the Kafka key by default");
+    }
+
+    #[test]
+    fn kafka_settings_that_cannot_run_are_refused_with_what_to_do() {
+        let refused = |text: String, want: &str| {
+            let err = from_toml(&text).unwrap_err().to_string();
+            assert!(err.contains(want), "{text}: {err}");
+        };
+        refused(format!("{KAFKA}output = \"out.jsonl\"\n"), "needs --group NAME (group = \"NAME\"");
+        refused(format!("{KAFKA}group = \"g\"\noutput = \"out.jsonl\"\nlate = \"-\"\n"), "--late cannot be -");
+        let file_input = "plugin = \"p.wasm\"\ninput = \"in.jsonl\"\nstate_dir = \"s\"\nkey_field = \"k\"\n";
+        refused(format!("{file_input}output = \"kafka://h:1/t\"\n"), "needs a kafka:// input");
+        refused(format!("{file_input}output = \"o\"\ngroup = \"g\"\n"), "--group is only for a kafka:// input");
+        refused(format!("{KAFKA}group = \"g\"\noutput = \"kafka://h/t\"\n"), "--output kafka://h/t: the broker's port");
     }
 }

@@ -15,18 +15,30 @@ pub struct OutputRecord {
     pub line: String,
 }
 
+/// The records a batch produces to one topic, in emission order.
+#[derive(Debug, Clone, Copy)]
+pub struct TopicRecords<'a> {
+    /// The topic.
+    pub topic: &'a str,
+    /// Its records.
+    pub records: &'a [OutputRecord],
+}
+
 /// A batch, as its commit is about to make it durable.
 #[derive(Debug)]
 pub struct ExportBatch<'a> {
     /// The batch's plan (id, input range).
     pub plan: &'a BatchPlan,
-    /// The batch's output records in emission order, when the output is exported
-    /// (a Kafka topic); empty when it goes to a file.
-    pub outputs: &'a [OutputRecord],
+    /// The records of each output that is a Kafka topic (the results, late records
+    /// and dead letters, in that order; the outputs that go to files are not here).
+    pub topics: &'a [TopicRecords<'a>],
     /// The batch's key changes.
     pub changes: &'a [KeyChange],
     /// The checkpoint the batch commits.
     pub checkpoint: &'a Checkpoint,
+    /// The plugin world whose state the batch changes (1 or 2), which a store
+    /// restored from the export must record.
+    pub state_api: u32,
 }
 
 /// An export failed: nothing of the batch is committed.

@@ -27,7 +27,7 @@ use rdkafka::types::RDKafkaErrorCode;
 
 use crate::clock::Clock;
 use crate::config::KafkaInput;
-use crate::export::{BatchExport, ExportBatch, ExportError};
+use crate::export::{BatchExport, ExportBatch, ExportError, TopicRecords};
 use crate::records::{BatchPlan, KeyChange};
 use crate::restore::{ChangelogEntry, ChangelogRecord};
 use crate::source::{Line, LineError};
@@ -327,6 +327,30 @@ impl PartitionReader {
         self.at_end
     }
 
+    /// The records after the last one read, from the partition's high watermark as
+    /// the consumer's last fetch reported it (no request to the broker); none before
+    /// the first fetch.
+    pub fn lag(&self) -> Option<u64> {
+        let topic = std::ffi::CString::new(self.topic.as_str()).ok()?;
+        let (mut low, mut high) = (-1i64, -1i64);
+        // SAFETY: the client pointer is valid while `self.consumer` lives, `topic` is a
+        // NUL-terminated string that outlives the call, and the out-pointers point to
+        // locals. librdkafka only reads its cached offsets here. rust-rdkafka 0.39 has
+        // no safe call for them (`fetch_watermarks` asks the broker).
+        #[allow(unsafe_code)]
+        let err = unsafe {
+            rdkafka::bindings::rd_kafka_get_watermark_offsets(
+                self.consumer.client().native_ptr(),
+                topic.as_ptr(),
+                self.partition,
+                &mut low,
+                &mut high,
+            )
+        };
+        (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
+            .then(|| (high as u64).saturating_sub(self.next))
+    }
+
     /// Reads from `offset` on: Kafka keeps the records, so a planned batch is read
     /// again by fetching from its start.
     pub fn seek(&mut self, offset: u64) -> Result<(), KafkaError> {
@@ -540,12 +564,15 @@ impl GroupMember {
 pub const HEADER_PARTITION: &str = "groupstate.partition";
 /// Header of every output and changelog record: its batch id.
 pub const HEADER_BATCH: &str = "groupstate.batch";
-/// Header of every output record: its index within the batch's outputs.
+/// Header of every output record: its index among the batch's records to its topic.
 pub const HEADER_INDEX: &str = "groupstate.index";
 /// Header of every changelog record: the input offset its batch started at.
 pub const HEADER_START: &str = "groupstate.start";
 /// Header of every changelog record: the input offset after its batch.
 pub const HEADER_END: &str = "groupstate.end";
+/// Header of a changelog's checkpoint records: the plugin world (1 or 2) whose
+/// state the partition holds.
+pub const HEADER_STATE_API: &str = "groupstate.state-api";
 /// The key of a batch's checkpoint record in the changelog. Not UTF-8, so no state
 /// key (UTF-8 by rule) can be it; compaction keeps the latest.
 pub const CHECKPOINT_KEY: &[u8] = b"\xffgroupstate.checkpoint";
@@ -587,15 +614,15 @@ pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
     }
 }
 
-/// Checks the input topic (and the output topic, if any), and makes sure the
-/// group's changelog topic exists with a partition for each input partition
-/// (compacted); returns the input's partition count.
-pub fn prepare_topics(input: &KafkaInput, output: Option<&KafkaInput>) -> Result<usize, KafkaError> {
+/// Checks the input topic and the output topics, and makes sure the group's
+/// changelog topic exists with a partition for each input partition (compacted);
+/// returns the input's partition count.
+pub fn prepare_topics(input: &KafkaInput, outputs: &[&KafkaInput]) -> Result<usize, KafkaError> {
     let consumer: BaseConsumer = base_config(&input.bootstrap, &input.group)
         .create()
         .map_err(|cause| KafkaError::Client { bootstrap: input.bootstrap.clone(), cause })?;
     let partitions = topic_partitions(&consumer, input)?;
-    if let Some(output) = output {
+    for output in outputs {
         topic_partitions(&consumer, output)?;
     }
     let changelog = KafkaInput { topic: changelog_topic(&input.group), ..input.clone() };
@@ -661,7 +688,6 @@ pub struct PartitionTransactions {
     input: KafkaInput,
     partition: i32,
     changelog: String,
-    output_topic: Option<String>,
     group_metadata: ConsumerGroupMetadata,
     committed: Committed,
 }
@@ -669,7 +695,7 @@ pub struct PartitionTransactions {
 impl PartitionTransactions {
     /// Opens `input`'s partition's transactional producer (fencing the partition's
     /// earlier owners) and reads the group's committed offset.
-    pub fn open(input: &KafkaInput, output_topic: Option<String>) -> Result<Self, KafkaError> {
+    pub fn open(input: &KafkaInput) -> Result<Self, KafkaError> {
         let partition = input.partition.unwrap_or(0);
         let client = |cause| KafkaError::Client { bootstrap: input.bootstrap.clone(), cause };
         let fail = |what, cause| KafkaError::Transaction { topic: input.topic.clone(), partition, what, cause };
@@ -708,7 +734,6 @@ impl PartitionTransactions {
             input: input.clone(),
             partition,
             changelog: changelog_topic(&input.group),
-            output_topic,
             group_metadata,
             committed,
         })
@@ -766,15 +791,18 @@ impl PartitionTransactions {
         let plan = batch.plan;
         self.producer.begin_transaction().map_err(|e| self.error("beginning the transaction", e))?;
         let (partition, batch_id) = (self.partition.to_string(), plan.batch_id.to_string());
-        if let Some(topic) = &self.output_topic {
-            for (index, out) in batch.outputs.iter().enumerate() {
+        for TopicRecords { topic, records } in batch.topics {
+            for (index, out) in records.iter().enumerate() {
                 let index = index.to_string();
                 let headers = OwnedHeaders::new_with_capacity(3)
                     .insert(Header { key: HEADER_PARTITION, value: Some(&partition) })
                     .insert(Header { key: HEADER_BATCH, value: Some(&batch_id) })
                     .insert(Header { key: HEADER_INDEX, value: Some(&index) });
-                let record =
-                    BaseRecord::to(topic).key(out.key.as_bytes()).payload(out.line.as_bytes()).headers(headers);
+                let mut record = BaseRecord::to(topic).payload(out.line.as_bytes()).headers(headers);
+                // A dead letter of a record without a key has none either.
+                if !out.key.is_empty() {
+                    record = record.key(out.key.as_bytes());
+                }
                 self.send(record)?;
             }
         }
@@ -796,11 +824,12 @@ impl PartitionTransactions {
             self.send(record)?;
         }
         let checkpoint = crate::codec::encode(batch.checkpoint);
+        let state_api = batch.state_api.to_string();
         let record = BaseRecord::to(&self.changelog)
             .partition(self.partition)
             .key(CHECKPOINT_KEY)
             .payload(checkpoint.as_slice())
-            .headers(headers());
+            .headers(headers().insert(Header { key: HEADER_STATE_API, value: Some(&state_api) }));
         self.send(record)?;
         let mut offsets = TopicPartitionList::new();
         let next = Offset::Offset(plan.end_offset as i64);
@@ -901,24 +930,25 @@ impl ChangelogReader {
             offset: message.offset(),
             why,
         };
-        let header = |name: &str| -> Result<u64, KafkaError> {
+        let optional_header = |name: &str| -> Result<Option<u64>, KafkaError> {
             let headers = message.headers().ok_or_else(|| bad("it has no headers".into()))?;
-            let value = headers
-                .iter()
-                .find(|h| h.key == name)
-                .and_then(|h| h.value)
-                .ok_or_else(|| bad(format!("header {name} is missing")))?;
-            std::str::from_utf8(value)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| bad(format!("header {name} is not a number")))
+            let Some(value) = headers.iter().find(|h| h.key == name).and_then(|h| h.value) else {
+                return Ok(None);
+            };
+            let number = std::str::from_utf8(value).ok().and_then(|v| v.parse().ok());
+            number.map(Some).ok_or_else(|| bad(format!("header {name} is not a number")))
         };
+        let header = |name: &str| optional_header(name)?.ok_or_else(|| bad(format!("header {name} is missing")));
         let key = message.key().ok_or_else(|| bad("it has no key".into()))?;
         let entry = if key == CHECKPOINT_KEY {
             let value = message.payload().ok_or_else(|| bad("the checkpoint record is empty".into()))?;
-            ChangelogEntry::Checkpoint(
-                crate::codec::decode("changelog checkpoint", value).map_err(|e| bad(e.to_string()))?,
-            )
+            let checkpoint = crate::codec::decode("changelog checkpoint", value).map_err(|e| bad(e.to_string()))?;
+            let state_api = match optional_header(HEADER_STATE_API)? {
+                Some(api @ (1 | 2)) => Some(api as u32),
+                Some(other) => return Err(bad(format!("header {HEADER_STATE_API} is {other}; it is 1 or 2"))),
+                None => None,
+            };
+            ChangelogEntry::Checkpoint { checkpoint, state_api }
         } else {
             if key.is_empty() || key.len() > KEY_BYTES_MAX {
                 return Err(bad(format!("its key has {} bytes; keys have 1 to {KEY_BYTES_MAX}", key.len())));

@@ -48,6 +48,10 @@ struct PartitionValues {
     keys: Option<i64>,
     timers: Option<i64>,
     watermark_ms: Option<i64>,
+    /// A Kafka partition's lag after its last batch.
+    lag: Option<u64>,
+    /// Restoring from the changelog: records read, and whether it is under way.
+    restore: Option<(u64, bool)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -171,6 +175,24 @@ impl Metrics {
             "The watermark the last committed batch ran with, in seconds since the epoch.",
             |v| v.watermark_ms.map(seconds_of_ms),
         );
+        out.per_partition(
+            "groupstate_input_lag_records",
+            GAUGE,
+            "A Kafka partition's records after its last committed batch, from the high watermark its consumer last fetched.",
+            |v| v.lag.map(|l| l.to_string()),
+        );
+        out.per_partition(
+            "groupstate_restore_records_total",
+            COUNTER,
+            "Changelog records read to restore the partition's store when it started here.",
+            |v| v.restore.map(|(records, _)| records.to_string()),
+        );
+        out.per_partition(
+            "groupstate_restoring",
+            GAUGE,
+            "1 while the partition's store is being restored from the changelog, 0 after.",
+            |v| v.restore.map(|(_, on)| u8::from(on).to_string()),
+        );
         out.family(
             "groupstate_plugin_swaps_total",
             COUNTER,
@@ -200,8 +222,17 @@ impl PartitionMetrics {
         if let Some(timers) = &mut v.timers {
             *timers += report.timers_delta;
         }
+        if report.input_lag.is_some() {
+            v.lag = report.input_lag;
+        }
         // No event time yet leaves the watermark at its lowest value: there is none.
         v.watermark_ms = (report.watermark_ms != i64::MIN).then_some(report.watermark_ms);
+    }
+
+    /// Sets how far restoring the partition from the changelog has come: changelog
+    /// records read, and whether it is still under way.
+    pub fn set_restore(&self, records: u64, restoring: bool) {
+        self.values.lock().unwrap_or_else(PoisonError::into_inner).restore = Some((records, restoring));
     }
 
     /// Sets the keys in the store and the timers pending, as counted before the

@@ -32,9 +32,10 @@ const MEMBER_POLL_MS: u64 = 100;
 /// How a process runs its partitions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
-    /// Partitions that run a batch at once, at most (default: the machine's cores).
-    /// Each partition has a thread; a slot is held for one `next_batch`, so a
-    /// partition waiting for records holds one for at most the trigger interval.
+    /// Partitions that run a batch at once, at most (default: no limit, the
+    /// operating system shares the cores among the partitions' threads). A slot is
+    /// held for one `next_batch`, waiting for records included (up to the trigger
+    /// interval), so a small limit lets partitions at their end hold back busy ones.
     pub workers_max: usize,
     /// Stop once every assigned partition has read no record for this long and its
     /// last read found the partition's end (default: run until stopped).
@@ -43,7 +44,7 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Self { workers_max: std::thread::available_parallelism().map_or(1, |n| n.get()), until_idle_ms: None }
+        Self { workers_max: usize::MAX, until_idle_ms: None }
     }
 }
 
@@ -100,8 +101,23 @@ pub struct Summary {
     pub batches: u64,
 }
 
-/// Called after each committed batch, on the partition's thread.
-pub type OnBatch = Arc<dyn Fn(i32, &BatchReport) + Send + Sync>;
+/// What a run tells its caller of its partitions (for the log and the metrics),
+/// called on the partition's thread.
+pub trait Observer: Send + Sync {
+    /// Restoring `partition` from the changelog has read `records` records so far;
+    /// `done` once it has finished.
+    fn restoring(&self, partition: i32, records: u64, done: bool) {
+        let _ = (partition, records, done);
+    }
+
+    /// `partition`'s pipeline has opened (after any restore), before its first batch.
+    fn opened(&self, partition: i32, pipeline: &Pipeline) {
+        let _ = (partition, pipeline);
+    }
+
+    /// `partition` committed a batch.
+    fn batch(&self, partition: i32, report: &BatchReport);
+}
 
 /// `path` with `.p<partition>` appended: a partition's own output file, so that each
 /// partition's exactly-once bookkeeping (committed lengths) stays its own.
@@ -121,8 +137,11 @@ pub fn partition_config(config: &PipelineConfig, input: &KafkaInput, partition: 
     if let Stream::File(path) = &config.output {
         c.output = Stream::File(partition_path(path, partition));
     }
-    c.late = config.late.as_deref().map(|p| partition_path(p, partition));
-    c.dead_letter = config.dead_letter.as_deref().map(|p| partition_path(p, partition));
+    for side in [&mut c.late, &mut c.dead_letter] {
+        if let Some(Stream::File(path)) = side {
+            *path = partition_path(path, partition);
+        }
+    }
     c
 }
 
@@ -167,7 +186,7 @@ struct Shared {
     runtime: Arc<Runtime>,
     slots: Slots,
     until_idle_ms: Option<u64>,
-    on_batch: OnBatch,
+    observer: Arc<dyn Observer>,
     events: Mutex<mpsc::Sender<Ended>>,
 }
 
@@ -202,9 +221,14 @@ impl Worker {
         Ok(Self { stop, idle, thread: Some(thread) })
     }
 
+    /// Asks the partition to stop at its next batch boundary.
+    fn ask_to_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
     /// Stops the partition at its next batch boundary and waits for it.
     fn stop(mut self, partition: i32) -> Result<(), Error> {
-        self.stop.store(true, Ordering::Release);
+        self.ask_to_stop();
         match self.thread.take().map(|t| t.join()) {
             Some(Err(_)) => Err(Error::Thread { partition, what: "its thread panicked".into() }),
             _ => Ok(()),
@@ -222,16 +246,14 @@ fn run_partition(
     let config = partition_config(&shared.config, &shared.input, partition);
     let failed = |source| Error::Partition { partition, source };
     let input = &KafkaInput { partition: Some(partition), ..shared.input.clone() };
-    let output_topic = match &config.output {
-        Stream::Kafka(output) => Some(output.topic.clone()),
-        _ => None,
-    };
     // Fences the partition's earlier owners before anything is read.
-    let transactions = PartitionTransactions::open(input, output_topic)?;
+    let transactions = PartitionTransactions::open(input)?;
     let clock = shared.clock.clone();
-    restore_if_behind(&config, input, &transactions, clock.clone())
+    let progress = &mut |records, done| shared.observer.restoring(partition, records, done);
+    restore_if_behind(&config, input, &transactions, clock.clone(), progress)
         .map_err(|source| Error::Restore { partition, source })?;
     let mut pipeline = Pipeline::open_in(shared.runtime.clone(), config, clock.clone()).map_err(failed)?;
+    shared.observer.opened(partition, &pipeline);
     pipeline.set_export(Box::new(transactions));
     let mut last_record_ns = clock.monotonic_ns();
     let mut batches = 0;
@@ -246,7 +268,7 @@ fn run_partition(
             if report.records > 0 {
                 last_record_ns = now;
             }
-            (shared.on_batch)(partition, &report);
+            shared.observer.batch(partition, &report);
         }
         if let Some(ms) = shared.until_idle_ms {
             let quiet = now.saturating_sub(last_record_ns) >= ms.saturating_mul(1_000_000);
@@ -264,6 +286,7 @@ fn restore_if_behind(
     input: &KafkaInput,
     transactions: &PartitionTransactions,
     clock: Arc<dyn Clock>,
+    progress: &mut dyn FnMut(u64, bool),
 ) -> Result<(), crate::restore::Error> {
     let committed = transactions.committed();
     let group = crate::restore::GroupCommit { offset: committed.offset, next_batch_id: committed.next_batch_id };
@@ -293,8 +316,12 @@ fn restore_if_behind(
     };
     let late = pipeline::side_path(config, &config.late, "late.jsonl");
     let dead = pipeline::side_path(config, &config.dead_letter, "dead-letter.jsonl");
-    let file_lengths = [len(output), len(Some(&late)), len(Some(&dead))];
-    crate::restore::catch_up(&mut store, group, file_lengths, clock.as_ref(), &mut next)?;
+    let file_lengths = [len(output), len(late.as_deref()), len(dead.as_deref())];
+    progress(0, false);
+    let restored = crate::restore::catch_up(&mut store, group, file_lengths, clock.as_ref(), &mut next, &mut |r| {
+        progress(r, false)
+    })?;
+    progress(restored.records, true);
     Ok(())
 }
 
@@ -328,8 +355,12 @@ fn on_assignment(
                     let mut workers = workers.lock().unwrap_or_else(|e| e.into_inner());
                     partitions.iter().filter_map(|p| Some((*p, workers.remove(p)?))).collect()
                 };
-                for (p, w) in stopping {
+                // All at once: each finishes its batch and closes its producer.
+                for (p, w) in &stopping {
                     tracing::info!("partition {p}: revoked, stopping at a batch boundary");
+                    w.ask_to_stop();
+                }
+                for (p, w) in stopping {
                     if let Err(e) = w.stop(p) {
                         failed.push(e);
                     }
@@ -347,7 +378,7 @@ pub fn run(
     config: PipelineConfig,
     clock: Arc<dyn Clock>,
     options: Options,
-    on_batch: OnBatch,
+    observer: Arc<dyn Observer>,
 ) -> Result<Summary, Error> {
     config.validate()?;
     let Stream::Kafka(input) = config.input.clone() else {
@@ -363,11 +394,14 @@ pub fn run(
     if options.workers_max == 0 {
         return Err(ConfigError("--partition-workers must be at least 1".into()).into());
     }
-    let output = match &config.output {
-        Stream::Kafka(output) => Some(output),
-        _ => None,
-    };
-    crate::kafka::prepare_topics(&input, output)?;
+    let outputs: Vec<&KafkaInput> = [Some(&config.output), config.late.as_ref(), config.dead_letter.as_ref()]
+        .into_iter()
+        .filter_map(|s| match s {
+            Some(Stream::Kafka(topic)) => Some(topic),
+            _ => None,
+        })
+        .collect();
+    crate::kafka::prepare_topics(&input, &outputs)?;
     let runtime = Arc::new(Runtime::new(&config.limits, config.cache_dir.as_deref())?);
     let (events, events_rx) = mpsc::channel();
     let shared = Arc::new(Shared {
@@ -377,7 +411,7 @@ pub fn run(
         input: input.clone(),
         clock,
         runtime,
-        on_batch,
+        observer,
         events: Mutex::new(events),
     });
     let workers: Workers = Arc::default();
@@ -411,6 +445,9 @@ pub fn run(
         }
     }
     let stopping = std::mem::take(&mut *workers.lock().unwrap_or_else(|e| e.into_inner()));
+    for w in stopping.values() {
+        w.ask_to_stop();
+    }
     for (p, w) in stopping {
         if let Err(e) = w.stop(p) {
             first_failure.get_or_insert(e);

@@ -164,6 +164,9 @@ pub struct BatchReport {
     pub stages: StageTimes,
     /// Monotonic time from the batch's boundary to its commit.
     pub duration_ns: u64,
+    /// A Kafka partition's records after the batch, as its consumer last learned
+    /// from the broker (none for other inputs).
+    pub input_lag: Option<u64>,
 }
 
 /// What a run did.
@@ -195,6 +198,8 @@ pub struct Pipeline {
     input_closed: bool,
     /// The last read of a Kafka partition found its end.
     input_at_end: bool,
+    /// The input's records after the last batch read (a Kafka partition's lag).
+    input_lag: Option<u64>,
     sinks: Sinks,
     checkpoint: Checkpoint,
     stages: StageTimes,
@@ -222,9 +227,29 @@ pub fn default_cache_dir() -> Option<PathBuf> {
     Some(base.join("groupstate"))
 }
 
-/// Where the pipeline's side outputs go when not named.
-pub(crate) fn side_path(config: &PipelineConfig, explicit: &Option<PathBuf>, name: &str) -> PathBuf {
-    explicit.clone().unwrap_or_else(|| config.state_dir.join(name))
+/// The file of a side output (`late.jsonl` or `dead-letter.jsonl` in the state dir
+/// when not named); none for a Kafka topic.
+pub(crate) fn side_path(config: &PipelineConfig, explicit: &Option<Stream>, name: &str) -> Option<PathBuf> {
+    match explicit {
+        None => Some(config.state_dir.join(name)),
+        Some(Stream::File(path)) => Some(path.clone()),
+        // `validate` refuses stdout for a side output.
+        Some(Stream::Kafka(_) | Stream::Std) => None,
+    }
+}
+
+/// A side output's sink: its file, or the topic its records are exported to.
+fn side_sink(
+    config: &PipelineConfig,
+    explicit: &Option<Stream>,
+    name: &str,
+    committed_len: u64,
+) -> Result<Sink, Error> {
+    Ok(match (explicit, side_path(config, explicit, name)) {
+        (Some(Stream::Kafka(topic)), _) => Sink::exported(&topic.topic),
+        (_, Some(path)) => Sink::open_file(&path, committed_len)?,
+        (_, None) => Sink::stdout(committed_len),
+    })
 }
 
 impl Pipeline {
@@ -305,9 +330,8 @@ impl Pipeline {
             // Its records go out with the batch's export (`set_export`).
             Stream::Kafka(topic) => Sink::exported(&topic.topic),
         };
-        let late = Sink::open_file(&side_path(&config, &config.late, "late.jsonl"), checkpoint.late_len)?;
-        let dead_letter =
-            Sink::open_file(&side_path(&config, &config.dead_letter, "dead-letter.jsonl"), checkpoint.dead_letter_len)?;
+        let late = side_sink(&config, &config.late, "late.jsonl", checkpoint.late_len)?;
+        let dead_letter = side_sink(&config, &config.dead_letter, "dead-letter.jsonl", checkpoint.dead_letter_len)?;
         let decoder = Decoder::new(&config.key_field, config.time_field.as_deref());
         let input = Preparer::new(source, decoder, clock.clone())?;
         Ok(Self {
@@ -318,6 +342,7 @@ impl Pipeline {
             input,
             input_closed: false,
             input_at_end: false,
+            input_lag: None,
             sinks: Sinks { output, late, dead_letter },
             checkpoint,
             stages: StageTimes::default(),
@@ -572,6 +597,7 @@ impl Pipeline {
         let prepared = self.input.get(req)?;
         self.input_closed = prepared.closed;
         self.input_at_end = prepared.at_end;
+        self.input_lag = prepared.lag;
         self.stages.input_wait_ns += self.since(started);
         self.stages.read_decode_ns += prepared.read_decode_ns;
         Ok(prepared)
@@ -683,6 +709,7 @@ impl Pipeline {
             // Filled in by `next_batch`, which sees the whole batch.
             stages: StageTimes::default(),
             duration_ns: 0,
+            input_lag: self.input_lag,
         })
     }
 
@@ -965,9 +992,9 @@ impl Pipeline {
     /// batch that ends where the export has committed is the one whose local commit
     /// did not follow (it runs again for the local store and the files only).
     fn export(&mut self, plan: &BatchPlan, changes: &[KeyChange], next: &Checkpoint) -> Result<(), Error> {
-        let outputs = self.sinks.output.batch_records();
+        let topics = self.sinks.exported();
         let Some(export) = &mut self.export else {
-            if outputs.is_empty() {
+            if topics.is_empty() {
                 return Ok(());
             }
             let why = "a Kafka topic output needs the batch's export (a Kafka input's transaction): run it through partitions::run";
@@ -980,7 +1007,8 @@ impl Pipeline {
             );
             return Ok(());
         }
-        let batch = ExportBatch { plan, outputs, changes, checkpoint: next };
+        let state_api = self.swaps.state_api();
+        let batch = ExportBatch { plan, topics: &topics, changes, checkpoint: next, state_api };
         export.export(&batch).map_err(|cause| Error::Export { batch_id: plan.batch_id, cause })
     }
 }
@@ -1200,8 +1228,8 @@ fn check_streams(config: &PipelineConfig) -> Result<(), Error> {
                 Stream::Std | Stream::Kafka(_) => None,
             },
         ),
-        ("--late", config.late.clone()),
-        ("--dead-letter", config.dead_letter.clone()),
+        ("--late", side_path(config, &config.late, "late.jsonl")),
+        ("--dead-letter", side_path(config, &config.dead_letter, "dead-letter.jsonl")),
     ];
     for (flag, path) in outputs {
         let Some(path) = path else { continue };

@@ -61,6 +61,8 @@ pub(crate) struct Prepared {
     pub closed: bool,
     /// A Kafka partition's read found its end.
     pub at_end: bool,
+    /// The Kafka partition's records after the batch, as its consumer knows them.
+    pub lag: Option<u64>,
     /// A digest of the input before `end_offset` (see `Source::digest_before`),
     /// committed with it.
     pub input_digest: u32,
@@ -169,6 +171,7 @@ fn prepare(
     out.end_offset = source.offset();
     out.closed = source.is_closed();
     out.at_end = source.at_end();
+    out.lag = source.lag();
     out.input_digest = source.digest_before(out.end_offset)?;
     out.input_rotation = source.rotation();
     out.read_decode_ns = clock.monotonic_ns().saturating_sub(started);

@@ -29,8 +29,14 @@ const PROGRESS_MS: u64 = 2_000;
 pub enum ChangelogEntry {
     /// A key change (its `before` is not known, and not needed).
     Key(KeyChange),
-    /// The checkpoint the batch committed.
-    Checkpoint(Checkpoint),
+    /// The checkpoint the batch committed, with the plugin world whose state the
+    /// partition holds (none in a changelog written before it was recorded).
+    Checkpoint {
+        /// The checkpoint.
+        checkpoint: Checkpoint,
+        /// 1 or 2 (see `Store::state_api`).
+        state_api: Option<u32>,
+    },
 }
 
 /// One changelog record, with its batch's id and input range.
@@ -114,6 +120,7 @@ struct Attempt {
     end_offset: u64,
     changes: Vec<KeyChange>,
     checkpoint: Option<Checkpoint>,
+    state_api: Option<u32>,
 }
 
 impl Attempt {
@@ -124,6 +131,7 @@ impl Attempt {
             end_offset: record.end_offset,
             changes: Vec::new(),
             checkpoint: None,
+            state_api: None,
         }
     }
 
@@ -134,7 +142,7 @@ impl Attempt {
 
 /// Applies the committed batches the changelog holds after `store`'s checkpoint, up
 /// to the group's commit. `next` gives the changelog's records in order, `None` at
-/// its end.
+/// its end; `progress` hears of the records read so far when progress is logged.
 ///
 /// The output files are this process's own, so their committed lengths are the
 /// local checkpoint's, or with no local state `file_lengths` (output, late, dead
@@ -145,13 +153,16 @@ pub fn catch_up(
     file_lengths: [u64; 3],
     clock: &dyn Clock,
     next: &mut dyn FnMut() -> Result<Option<ChangelogRecord>, ReadError>,
+    progress: &mut dyn FnMut(u64),
 ) -> Result<Restored, Error> {
     let local = store.checkpoint()?;
+    let records_state_api = store.state_api()?.is_none();
     let [output_len, late_len, dead_letter_len] = file_lengths;
     let mut restore = Restoring {
         skip_below: local.as_ref().map_or(0, |c| c.next_batch_id),
         checkpoint: local.unwrap_or(Checkpoint { output_len, late_len, dead_letter_len, ..Checkpoint::default() }),
         group,
+        records_state_api,
         pending: None,
         done: Restored { records: 0, batches: 0, changes: 0, checkpoint: Checkpoint::default() },
         store,
@@ -164,6 +175,7 @@ pub fn catch_up(
         restore.done.records += 1;
         if elapsed_ms() >= logged_ms + PROGRESS_MS {
             logged_ms = elapsed_ms();
+            progress(restore.done.records);
             tracing::info!(
                 "restoring from the changelog: {} records read, {} batches ({} key changes) applied, at batch {}",
                 restore.done.records,
@@ -184,7 +196,10 @@ pub fn catch_up(
         let attempt = current.as_mut().expect("set above");
         match record.entry {
             ChangelogEntry::Key(change) => attempt.changes.push(change),
-            ChangelogEntry::Checkpoint(checkpoint) => attempt.checkpoint = Some(checkpoint),
+            ChangelogEntry::Checkpoint { checkpoint, state_api } => {
+                attempt.checkpoint = Some(checkpoint);
+                attempt.state_api = state_api;
+            }
         }
     }
     if let Some(done) = current.take() {
@@ -218,6 +233,8 @@ struct Restoring<'s> {
     /// The store's checkpoint, as restoring moves it.
     checkpoint: Checkpoint,
     group: GroupCommit,
+    /// The store is new: the first checkpoint that names the plugin world records it.
+    records_state_api: bool,
     /// The latest attempt of the highest batch read, not yet known to be final.
     pending: Option<Attempt>,
     done: Restored,
@@ -269,11 +286,106 @@ impl Restoring<'_> {
                 Checkpoint { next_batch_id: attempt.batch_id + 1, input_offset: attempt.end_offset, ..local.clone() }
             }
         };
+        if let Some(api) = attempt.state_api.filter(|_| self.records_state_api) {
+            // The changelog carries entries of this host's 0.2 layout.
+            if api == 2 {
+                self.store.set_keyed_layout(crate::keyed::KEYED_LAYOUT)?;
+            }
+            self.store.set_state_api(api)?;
+            self.records_state_api = false;
+        }
         self.done.batches += 1;
         self.done.changes += attempt.changes.len() as u64;
         self.store.commit(attempt.changes, &checkpoint, false)?;
         self.store.fold_if_due()?;
         self.checkpoint = checkpoint;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::records::KeyRecord;
+
+    fn key(batch_id: u64, start: u64, end: u64, key: &str, value: Option<u8>) -> ChangelogRecord {
+        let after = value.map(|v| KeyRecord { value: Some(vec![v]), timeout_ms: None, schema_version: 0 });
+        let entry = ChangelogEntry::Key(KeyChange { key: key.into(), before: None, after });
+        ChangelogRecord { batch_id, start_offset: start, end_offset: end, entry }
+    }
+
+    fn checkpoint(batch_id: u64, start: u64, end: u64) -> ChangelogRecord {
+        let checkpoint = Checkpoint { next_batch_id: batch_id + 1, input_offset: end, ..Checkpoint::default() };
+        let entry = ChangelogEntry::Checkpoint { checkpoint, state_api: Some(2) };
+        ChangelogRecord { batch_id, start_offset: start, end_offset: end, entry }
+    }
+
+    /// Batch 0 aborted and retried (as tansu shows it), batch 1, and batch 2 whose
+    /// transaction the group has not committed.
+    fn changelog() -> Vec<ChangelogRecord> {
+        vec![
+            key(0, 0, 10, "a", Some(1)),
+            checkpoint(0, 0, 10),
+            key(0, 0, 10, "a", Some(2)),
+            key(0, 0, 10, "b", Some(2)),
+            checkpoint(0, 0, 10),
+            key(1, 10, 20, "b", None),
+            key(1, 10, 20, "c", Some(3)),
+            checkpoint(1, 10, 20),
+            key(2, 20, 30, "d", Some(4)),
+            checkpoint(2, 20, 30),
+        ]
+    }
+
+    fn restore(group: GroupCommit) -> (tempfile::TempDir, Result<Restored, Error>) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("store"), 1 << 20, 1 << 20, 1 << 20).unwrap();
+        let mut records = changelog().into_iter();
+        let result =
+            catch_up(&mut store, group, [7, 0, 0], &ManualClock::new(0), &mut || Ok(records.next()), &mut |_| {})
+                .inspect(|_| {
+                    let value = |k: &str| store.get(k).unwrap().and_then(|r| r.value);
+                    assert_eq!(value("a"), Some(vec![2]), "the latest attempt of batch 0 is the committed one");
+                    assert_eq!(value("b"), None, "batch 1 removed b");
+                    assert_eq!(value("c"), Some(vec![3]));
+                    assert_eq!(value("d"), None, "batch 2 is not committed");
+                    assert_eq!(store.state_api().unwrap(), Some(2), "the plugin world is recorded");
+                });
+        (dir, result)
+    }
+
+    #[test]
+    fn the_latest_attempt_of_each_committed_batch_is_applied() {
+        for group in
+            [GroupCommit { offset: 20, next_batch_id: Some(2) }, GroupCommit { offset: 20, next_batch_id: None }]
+        {
+            let (_dir, restored) = restore(group);
+            let restored = restored.unwrap();
+            assert_eq!((restored.batches, restored.records), (2, 10), "{group:?}");
+            let c = &restored.checkpoint;
+            assert_eq!((c.next_batch_id, c.input_offset, c.output_len), (2, 20, 7), "{group:?}");
+        }
+    }
+
+    #[test]
+    fn a_changelog_short_of_the_group_commit_is_refused() {
+        let (_dir, restored) = restore(GroupCommit { offset: 40, next_batch_id: Some(4) });
+        let err = restored.unwrap_err().to_string();
+        assert!(err.contains("up to input offset 40") && err.contains("only up to offset 30"), "{err}");
+    }
+
+    #[test]
+    fn behind_means_the_group_committed_more_than_the_store_and_its_plan() {
+        let local = Checkpoint { next_batch_id: 3, input_offset: 30, ..Checkpoint::default() };
+        let group = |n| GroupCommit { offset: 40, next_batch_id: Some(n) };
+        assert!(!is_behind(Some(&local), None, group(3)));
+        assert!(is_behind(Some(&local), None, group(4)));
+        assert!(is_behind(None, None, group(1)));
+        let plan = BatchPlan { batch_id: 3, start_offset: 30, end_offset: 40, processing_time_ms: 0, watermark_ms: 0 };
+        assert!(!is_behind(Some(&local), Some(&plan), group(4)), "the pending plan's transaction committed");
+        assert!(is_behind(Some(&local), Some(&plan), group(5)));
+        assert!(is_behind(Some(&local), None, GroupCommit { offset: 40, next_batch_id: None }));
+        assert!(!is_behind(Some(&local), None, GroupCommit { offset: 30, next_batch_id: None }));
     }
 }

@@ -10,7 +10,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use crate::export::OutputRecord;
+use crate::export::{OutputRecord, TopicRecords};
 
 /// A batch's buffered bytes are written out early past this size (a file sink still
 /// truncates them away if the batch is not committed).
@@ -132,11 +132,11 @@ impl Sink {
         Ok(())
     }
 
-    /// The current batch's records, for its export (empty unless the sink is a topic).
-    pub fn batch_records(&self) -> &[OutputRecord] {
+    /// The topic and the current batch's records of a sink exported to a topic.
+    pub fn topic_records(&self) -> Option<TopicRecords<'_>> {
         match &self.target {
-            Target::Exported { records, .. } => records,
-            _ => &[],
+            Target::Exported { topic, records } => Some(TopicRecords { topic, records }),
+            _ => None,
         }
     }
 
@@ -254,6 +254,12 @@ impl Sinks {
             }
         }
         first
+    }
+
+    /// The current batch's records of the sinks that are Kafka topics, for the
+    /// batch's export.
+    pub fn exported(&self) -> Vec<TopicRecords<'_>> {
+        [&self.output, &self.late, &self.dead_letter].into_iter().filter_map(Sink::topic_records).collect()
     }
 
     fn all(&mut self) -> [&mut Sink; 3] {

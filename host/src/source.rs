@@ -325,6 +325,15 @@ impl Source {
         Ok(Self { inner: Inner::Kafka(Box::new(reader)) })
     }
 
+    /// The records of a Kafka partition after the last one read, as its consumer last
+    /// learned (none for other inputs).
+    pub fn lag(&self) -> Option<u64> {
+        match &self.inner {
+            Inner::Kafka(reader) => reader.lag(),
+            _ => None,
+        }
+    }
+
     /// Whether a Kafka partition's last read found its end (false for other inputs).
     pub fn at_end(&self) -> bool {
         matches!(&self.inner, Inner::Kafka(reader) if reader.at_end())

@@ -10,34 +10,24 @@ use std::time::Duration;
 use groupstate_tests::{assert_same_alerts, oracle, parse_alerts, sensor_input};
 
 use crate::cli::{groupstate_bin, sensor_run_args};
-use crate::kafka_broker::Broker;
+use groupstate_tests::kafka_broker::Broker;
 
 const PARTITIONS: i32 = 8;
-
-/// The partition of a sensor: FNV-1a of its id, so that every run places it alike.
-fn partition_of(key: &str) -> i32 {
-    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-    (hash % PARTITIONS as u64) as i32
-}
 
 /// A broker with topic `sensors` holding the sensor workload (100 000 events from
 /// 2 000 sensors), each record keyed by its sensor id, in the order of the file.
 fn broker_with_sensors(dir: &Path) -> (Broker, std::collections::BTreeSet<(String, i64, i64)>) {
-    let input = sensor_input(dir, 100_000, 2_000, 31);
+    broker_with(dir, 100_000, 2_000)
+}
+
+/// `broker_with_sensors` with `events` events from `sensors` sensors.
+fn broker_with(dir: &Path, events: u64, sensors: u32) -> (Broker, std::collections::BTreeSet<(String, i64, i64)>) {
+    let input = sensor_input(dir, events, sensors, 31);
     let want = oracle::sensor_alerts(&input);
     assert!(want.len() > 100, "the workload should produce alerts, got {}", want.len());
     let broker = Broker::start();
     broker.create_topic("sensors", PARTITIONS);
-    let text = std::fs::read_to_string(&input).unwrap();
-    let records: Vec<(i32, String, &str)> = text
-        .lines()
-        .map(|line| {
-            let v: serde_json::Value = serde_json::from_str(line).unwrap();
-            let key = v["sensor_id"].as_str().unwrap().to_owned();
-            (partition_of(&key), key, line)
-        })
-        .collect();
-    broker.produce("sensors", records.iter().map(|(p, k, v)| (*p, k.as_str(), *v)));
+    broker.produce_keyed_lines("sensors", PARTITIONS, &input, "sensor_id");
     (broker, want)
 }
 
@@ -48,10 +38,15 @@ fn run_command(broker: &Broker, dir: &Path) -> Command {
 
 /// `run_command` with `--output output`.
 fn run_command_to(broker: &Broker, dir: &Path, output: &str) -> Command {
-    let p = |name: &str| dir.join(name).display().to_string();
+    run_in(broker, &dir.join("state"), output, "alerts")
+}
+
+/// `groupstate run` of the sensor plugin over the topic in consumer group `group`,
+/// until idle for 3 s.
+fn run_in(broker: &Broker, state_dir: &Path, output: &str, group: &str) -> Command {
     let url = format!("kafka://{}/sensors", broker.bootstrap());
-    let mut args = sensor_run_args(&url, output, &p("state"));
-    args.extend(["--group", "alerts", "--until-idle-ms", "3000", "--batch-events", "5000"].map(String::from));
+    let mut args = sensor_run_args(&url, output, &state_dir.display().to_string());
+    args.extend(["--group", group, "--until-idle-ms", "3000", "--batch-events", "5000"].map(String::from));
     let mut command = Command::new(groupstate_bin());
     command.args(args).stdin(Stdio::null());
     command
@@ -167,38 +162,160 @@ fn an_output_topic_killed_mid_run_holds_each_alert_once_by_its_headers() {
     let dir = tempfile::tempdir().unwrap();
     let (broker, want) = broker_with_sensors(dir.path());
     broker.create_topic("alerts", 4);
-    let topic_run = || run_command_to(&broker, dir.path(), &format!("kafka://{}/alerts", broker.bootstrap()));
-    // Killed while it runs (the group join takes about 3 s, the run about 20 s), then
-    // run to the end.
-    let mut child = topic_run().stderr(Stdio::piped()).spawn().unwrap();
-    std::thread::sleep(Duration::from_millis(8_000));
-    if child.try_wait().unwrap().is_some() {
-        let out = child.wait_with_output().unwrap();
-        panic!("the run ended before it was killed: {}", String::from_utf8_lossy(&out.stderr));
-    }
+    broker.create_topic("dead-letters", 1);
+    let stray = r#"{"sensor_id":"s-elsewhere","ts":4102444800000,"status":"err"}"#;
+    broker.produce("sensors", [(3, "s-here", stray)]);
+    let topic_run = || {
+        let mut command = run_command_to(&broker, dir.path(), &format!("kafka://{}/alerts", broker.bootstrap()));
+        command.args(["--dead-letter", &format!("kafka://{}/dead-letters", broker.bootstrap())]);
+        command
+    };
+    // Killed while it runs, as soon as its metrics show committed batches, then run
+    // to the end. The admin endpoint serves each partition's metrics.
+    let socket = dir.path().join("admin.sock");
+    let mut child = topic_run().args(["--admin", &format!("unix:{}", socket.display())]).spawn().unwrap();
+    let mut waited_ms = 0;
+    let metrics = loop {
+        if child.try_wait().unwrap().is_some() {
+            panic!("the run ended before it was killed: {}", child.wait_with_output().unwrap().status);
+        }
+        let text = http_get(&socket, "/metrics").map(|(_, body)| body).unwrap_or_default();
+        if text.contains("groupstate_last_batch_id{partition=") {
+            break text;
+        }
+        assert!(waited_ms < 60_000, "no batch in the metrics within 60 s: {text}");
+        std::thread::sleep(Duration::from_millis(100));
+        waited_ms += 100;
+    };
+    let (status, body) = http_get(&socket, "/plugin").unwrap();
     child.kill().unwrap(); // SIGKILL
+    for family in ["groupstate_input_lag_records{partition=", "groupstate_last_batch_duration_seconds{partition="] {
+        assert!(metrics.contains(family), "the metrics lack {family}: {metrics}");
+    }
+    assert!(status == 501 && body.contains("no hot load"), "GET /plugin: {status} {body}");
     child.wait().unwrap();
     assert_success(&topic_run().output().unwrap());
-    // A transaction aborted by the kill and replayed from its plan repeats its records
-    // with the same headers; tansu's read_committed still shows aborted records, so
-    // they are dropped here by (partition, batch, index), as a reader would on tansu.
-    let mut seen = std::collections::BTreeMap::new();
-    for (headers, value) in broker.read_all("alerts") {
-        let id: Vec<String> = ["groupstate.partition", "groupstate.batch", "groupstate.index"]
-            .iter()
-            .map(|h| {
-                headers.get(*h).unwrap_or_else(|| panic!("an output record lacks header {h}: {headers:?}")).clone()
-            })
-            .collect();
-        if let Some(earlier) = seen.insert(id.clone(), value.clone()) {
-            assert_eq!(earlier, value, "two different records carry the headers {id:?}");
-        }
-    }
     let out = dir.path().join("alerts.jsonl");
-    std::fs::write(&out, seen.values().map(|v| format!("{v}\n")).collect::<String>()).unwrap();
+    std::fs::write(&out, records_once(&broker, "alerts").iter().map(|v| format!("{v}\n")).collect::<String>()).unwrap();
     let mut alerts = parse_alerts(&out);
     alerts.sort();
     assert_same_alerts(&alerts, &want);
+    // The dead-letter output is a topic too, in the same transactions.
+    let dead = records_once(&broker, "dead-letters");
+    assert!(dead.len() == 1 && dead[0].contains("s-elsewhere"), "{dead:?}");
+    assert!(!dir.path().join("state/partition-3/dead-letter.jsonl").exists(), "the dead letter went to a file too");
+}
+
+/// `GET path` over the admin socket: the status and the body; none if the socket does
+/// not answer (yet).
+fn http_get(socket: &Path, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: groupstate\r\nConnection: close\r\n\r\n").ok()?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).ok()?;
+    let (head, body) = reply.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
+
+/// The records of `topic`, each once: a transaction aborted by a kill and replayed
+/// from its plan repeats its records with the same headers, and tansu's
+/// read_committed still shows aborted records, so they are dropped here by
+/// (partition, batch, index), as a reader would on tansu. Records with the same
+/// headers must be identical.
+fn records_once(broker: &Broker, topic: &str) -> Vec<String> {
+    let mut seen = std::collections::BTreeMap::new();
+    for (headers, value) in broker.read_all(topic) {
+        let id: Vec<u64> = ["groupstate.partition", "groupstate.batch", "groupstate.index"]
+            .iter()
+            .map(|h| {
+                let v = headers.get(*h).unwrap_or_else(|| panic!("a record of {topic} lacks header {h}: {headers:?}"));
+                v.parse().unwrap_or_else(|_| panic!("header {h} of a record of {topic} is not a number: {v}"))
+            })
+            .collect();
+        if let Some(earlier) = seen.insert(id.clone(), value.clone()) {
+            assert_eq!(earlier, value, "two different records of {topic} carry the headers {id:?}");
+        }
+    }
+    seen.into_values().collect()
+}
+
+/// Three processes in one group over 1M events, one killed with SIGKILL mid-run and
+/// started again: the output topic holds the oracle's alerts once (after dropping
+/// replays of aborted transactions by their headers), and every partition's state,
+/// including the ones that moved between processes and were restored from the
+/// changelog, equals that of a single-process run: the same keys, values and timers.
+#[test]
+fn three_processes_one_killed_give_the_oracles_alerts_and_restore_moved_partitions_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, want) = broker_with(dir.path(), 1_000_000, 20_000);
+    broker.create_topic("alerts", 4);
+    let output = format!("kafka://{}/alerts", broker.bootstrap());
+    // Batches end at 5 000 records, never on the trigger interval (a partition's
+    // last one does, at its end), so that every run cuts a partition's batches alike
+    // and its state after the last batch is the same.
+    let process = |name: &str, log: &str| {
+        let mut command = run_in(&broker, &dir.path().join(name), &output, "alerts");
+        command.args(["--trigger-interval-ms", "5000"]);
+        command.stderr(std::fs::File::create(dir.path().join(log)).unwrap()).spawn().unwrap()
+    };
+    let (mut a, mut b, mut c) = (process("a", "a.log"), process("b", "b.log"), process("c", "c.log"));
+    // Killed once it has run batches for a while (the group settles in a few seconds).
+    let mut waited_ms = 0;
+    let partitions_of =
+        |name: &str| std::fs::read_dir(dir.path().join(name)).map_or(0, |d| d.filter(|e| e.is_ok()).count());
+    while partitions_of("b") == 0 || waited_ms < 12_000 {
+        assert!(b.try_wait().unwrap().is_none(), "process b ended before it was killed: see b.log");
+        assert!(waited_ms < 120_000, "process b ran no partition within 120 s");
+        std::thread::sleep(Duration::from_millis(100));
+        waited_ms += 100;
+    }
+    b.kill().unwrap(); // SIGKILL
+    b.wait().unwrap();
+    let mut b = process("b", "b-again.log");
+    for (name, child) in [("a", &mut a), ("b-again", &mut b), ("c", &mut c)] {
+        let status = child.wait().unwrap();
+        let log = std::fs::read_to_string(dir.path().join(format!("{name}.log"))).unwrap();
+        assert!(status.success(), "process {name} failed: {log}");
+    }
+    let out = dir.path().join("alerts.jsonl");
+    std::fs::write(&out, records_once(&broker, "alerts").iter().map(|v| format!("{v}\n")).collect::<String>()).unwrap();
+    let mut alerts = parse_alerts(&out);
+    alerts.sort();
+    assert_same_alerts(&alerts, &want);
+    let logs: String = ["a", "b", "b-again", "c"]
+        .iter()
+        .map(|n| std::fs::read_to_string(dir.path().join(format!("{n}.log"))).unwrap())
+        .collect();
+    let restores = logs.matches("restored from the changelog").count();
+    assert!(restores > 0, "no partition moved between processes: {logs}");
+    // One process in a group of its own reads the topic once more, alone.
+    let solo = run_in(&broker, &dir.path().join("solo"), &dir.path().join("solo.jsonl").display().to_string(), "solo")
+        .args(["--trigger-interval-ms", "5000"])
+        .output()
+        .unwrap();
+    assert_success(&solo);
+    for p in 0..PARTITIONS {
+        let state = |name: &str| dir.path().join(name).join(format!("partition-{p}"));
+        let next_batch = |name: &str| -> u64 {
+            if !state(name).join("store").exists() {
+                return 0;
+            }
+            let checkpoint: serde_json::Value =
+                serde_json::from_str(&groupstate_state(&state(name), "checkpoint")).unwrap();
+            checkpoint["next_batch_id"].as_u64().unwrap()
+        };
+        // The process that ran the partition last holds its latest state.
+        let last = ["a", "b", "c"].into_iter().max_by_key(|n| next_batch(n)).unwrap();
+        assert_eq!(next_batch(last), next_batch("solo"), "partition {p} ran a different number of batches");
+        for what in ["keys", "timers"] {
+            let (got, want) = (groupstate_state(&state(last), what), groupstate_state(&state("solo"), what));
+            assert!(got.lines().count() > 100 || what == "timers", "partition {p} holds few keys: {got}");
+            assert!(got == want, "partition {p}'s {what} in {last} differ from a single process's");
+        }
+    }
+    eprintln!("three processes: {restores} partition restores from the changelog");
 }
 
 #[test]

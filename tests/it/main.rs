@@ -11,7 +11,6 @@ mod hotload;
 mod initial_state;
 mod integrity;
 mod kafka;
-mod kafka_broker;
 mod keyed;
 mod languages;
 mod sandbox;

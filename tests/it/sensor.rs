@@ -132,7 +132,7 @@ fn bad_paths_are_refused_before_a_state_dir_is_made() {
     config.output = groupstate::Stream::File(dir.path().to_owned());
     check(config.clone(), "--output");
     let mut config = sensor_config(&input, dir.path());
-    config.late = Some(dir.path().to_owned());
+    config.late = Some(groupstate::Stream::File(dir.path().to_owned()));
     check(config, "--late");
 }
 

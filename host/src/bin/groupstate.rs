@@ -124,7 +124,8 @@ struct RunArgs {
     /// this long and found its end [default: run until stopped].
     #[arg(long)]
     until_idle_ms: Option<u64>,
-    /// With a kafka:// input: partitions that run a batch at once [default: the cores].
+    /// With a kafka:// input: partitions that run a batch at once, waiting for records
+    /// included [default: no limit].
     #[arg(long)]
     partition_workers: Option<usize>,
     /// JSON Lines output file, - for stdout, or (with a kafka:// input)
@@ -170,10 +171,12 @@ struct RunArgs {
     /// On a failed plugin call: fail, skip or dead-letter [default: fail].
     #[arg(long)]
     on_error: Option<ErrorPolicy>,
-    /// Dead-letter output [default: <state-dir>/dead-letter.jsonl].
+    /// Dead-letter output: a file, or (with a kafka:// input) kafka://HOST:PORT/TOPIC
+    /// [default: <state-dir>/dead-letter.jsonl].
     #[arg(long)]
     dead_letter: Option<PathBuf>,
-    /// Late-data output [default: <state-dir>/late.jsonl].
+    /// Late-data output: a file, or (with a kafka:// input) kafka://HOST:PORT/TOPIC
+    /// [default: <state-dir>/late.jsonl].
     #[arg(long)]
     late: Option<PathBuf>,
     /// Keep reading after the end of the input; run empty batches on a timer.
@@ -368,14 +371,16 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
             };
             // In the order of the usage line: --plugin is named first when missing.
             let plugin = need(&args.plugin, "--plugin")?;
-            let input = input_stream(&need(&args.input, "--input")?, args.group.as_deref())?;
+            let input = need(&args.input, "--input")?;
             // A Kafka input keys records by their Kafka keys unless a field is named.
-            let key_field = match (&args.key_field, &input) {
-                (Some(k), _) => k.clone(),
-                (None, Stream::Kafka(_)) => String::new(),
-                (None, _) => bail!("--key-field is required (or give --config FILE)"),
+            let kafka = input.to_string_lossy().starts_with(groupstate::config::KAFKA_SCHEME);
+            let key_field = match &args.key_field {
+                Some(k) => k.clone(),
+                None if kafka => String::new(),
+                None => bail!("--key-field is required (or give --config FILE)"),
             };
-            let output = output_stream(&need(&args.output, "--output")?, &input)?;
+            let output = need(&args.output, "--output")?;
+            let (input, output) = (Stream::from(input), Stream::from(output));
             PipelineConfig::new(plugin, input, output, need(&args.state_dir, "--state-dir")?, key_field)
         }
     };
@@ -383,16 +388,23 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
         config.plugin = p.clone();
     }
     if let Some(p) = &args.input {
-        config.input = input_stream(p, args.group.as_deref())?;
-    }
-    if args.group.is_some() && !matches!(config.input, Stream::Kafka(_)) {
-        bail!("--group is only for a kafka:// input; drop it, or give --input kafka://HOST:PORT/TOPIC");
-    }
-    if (args.until_idle_ms.is_some() || args.partition_workers.is_some()) && !matches!(config.input, Stream::Kafka(_)) {
-        bail!("--until-idle-ms and --partition-workers are only for a kafka:// input (a file ends by itself)");
+        config.input = Stream::from(p.clone());
     }
     if let Some(p) = &args.output {
-        config.output = output_stream(p, &config.input)?;
+        config.output = Stream::from(p.clone());
+    }
+    if let Some(p) = &args.dead_letter {
+        config.dead_letter = Some(Stream::from(p.clone()));
+    }
+    if let Some(p) = &args.late {
+        config.late = Some(Stream::from(p.clone()));
+    }
+    if let Some(group) = &args.group {
+        config.set_group(group);
+    }
+    config.resolve_topics()?;
+    if (args.until_idle_ms.is_some() || args.partition_workers.is_some()) && !matches!(config.input, Stream::Kafka(_)) {
+        bail!("--until-idle-ms and --partition-workers are only for a kafka:// input (a file ends by itself)");
     }
     if let Some(p) = &args.state_dir {
         config.state_dir = p.clone();
@@ -427,12 +439,6 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
     if let Some(p) = args.on_error {
         config.on_error = p;
     }
-    if args.dead_letter.is_some() {
-        config.dead_letter = args.dead_letter.clone();
-    }
-    if args.late.is_some() {
-        config.late = args.late.clone();
-    }
     config.follow |= args.follow;
     if let Some(ms) = args.trigger_interval_ms {
         config.trigger_interval_ms = ms;
@@ -461,55 +467,46 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
     Ok(config)
 }
 
-/// `--input`: a file, `-`, or a Kafka topic, which needs `--group`.
-fn input_stream(input: &std::path::Path, group: Option<&str>) -> Result<Stream> {
-    let text = input.to_string_lossy();
-    if !text.starts_with(groupstate::config::KAFKA_SCHEME) {
-        return Ok(Stream::from(input.to_owned()));
-    }
-    let group = group.with_context(|| {
-        format!("--input {text} needs --group NAME: the consumer group whose members share the topic's partitions")
-    })?;
-    Ok(Stream::Kafka(groupstate::config::KafkaInput::parse(&text, group)?))
-}
-
-/// `--output`: a file, `-`, or (with a Kafka input) a Kafka topic, produced in the
-/// input's consumer group.
-fn output_stream(output: &std::path::Path, input: &Stream) -> Result<Stream> {
-    let text = output.to_string_lossy();
-    if !text.starts_with(groupstate::config::KAFKA_SCHEME) {
-        return Ok(Stream::from(output.to_owned()));
-    }
-    let Stream::Kafka(input) = input else {
-        bail!(
-            "--output {text}: a Kafka topic output needs a kafka:// input (its records are produced in the input partition's transaction); write to a file"
-        );
-    };
-    Ok(Stream::Kafka(groupstate::config::KafkaInput::parse_for("--output", &text, &input.group)?))
-}
-
 /// `groupstate run` over a Kafka topic: one pipeline per assigned partition.
 fn run_kafka(args: &RunArgs, config: PipelineConfig) -> Result<()> {
-    if args.admin.is_some() || args.watch {
-        bail!("--admin and --watch do not work with a kafka:// input yet; drop them");
+    if args.watch {
+        bail!(
+            "--watch does not work with a kafka:// input yet (its partitions do not swap plugins): restart the run with the new plugin"
+        );
     }
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let mut options = groupstate::partitions::Options { until_idle_ms: args.until_idle_ms, ..Default::default() };
     if let Some(n) = args.partition_workers {
         options.workers_max = n;
     }
-    let started = clock.monotonic_ns();
-    let records = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let counted = records.clone();
-    let on_batch: groupstate::partitions::OnBatch = Arc::new(move |partition, b| {
-        counted.fetch_add(b.records, std::sync::atomic::Ordering::Relaxed);
-        if b.replayed {
-            tracing::info!(target: PROGRESS_TARGET, batch = b.batch_id, "partition {partition}: batch {} replayed after a stop", b.batch_id);
+    let metrics = Arc::new(Metrics::new());
+    // Kept until the run ends: dropping it stops the endpoint.
+    let _admin = match &args.admin {
+        Some(spec) => {
+            let listen = groupstate::admin::Listen::parse(spec, &config.state_dir)?;
+            let admin = groupstate::admin::Admin {
+                plugin: None,
+                metrics: metrics.clone(),
+                token: args.admin_token.clone(),
+                limits: groupstate::admin::AdminLimits::default(),
+            };
+            let server = groupstate::admin::serve(listen, admin)?;
+            tracing::info!("admin endpoint on {} (GET /metrics)", server.listen());
+            Some(server)
         }
+        None => None,
+    };
+    let started = clock.monotonic_ns();
+    let observer = Arc::new(KafkaObserver {
+        metrics,
+        count_stored: args.admin.is_some(),
+        records: Default::default(),
+        logged_ns: Default::default(),
+        clock: clock.clone(),
     });
-    let summary = groupstate::partitions::run(config, clock.clone(), options, on_batch)?;
+    let summary = groupstate::partitions::run(config, clock.clone(), options, observer.clone())?;
     let secs = (clock.monotonic_ns() - started) as f64 / 1e9;
-    let records = records.load(std::sync::atomic::Ordering::Relaxed);
+    let records = observer.records.load(std::sync::atomic::Ordering::Relaxed);
     let offsets: Vec<String> = summary.partitions.iter().map(|(p, c)| format!("{p}@{}", c.input_offset)).collect();
     tracing::info!(
         batches = summary.batches,
@@ -521,6 +518,60 @@ fn run_kafka(args: &RunArgs, config: PipelineConfig) -> Result<()> {
         offsets.join(" ")
     );
     Ok(())
+}
+
+/// How often a Kafka run logs each partition's progress (10 s).
+const PARTITION_PROGRESS_NS: u64 = 10_000_000_000;
+
+/// The log's and the metrics' view of a Kafka run's partitions.
+struct KafkaObserver {
+    metrics: Arc<Metrics>,
+    /// Count each partition's keys and timers when it opens (for the metrics).
+    count_stored: bool,
+    records: std::sync::atomic::AtomicU64,
+    /// When each partition last logged its progress.
+    logged_ns: std::sync::Mutex<std::collections::BTreeMap<i32, u64>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl groupstate::partitions::Observer for KafkaObserver {
+    fn restoring(&self, partition: i32, records: u64, done: bool) {
+        self.metrics.partition(partition as u32).set_restore(records, !done);
+    }
+
+    fn opened(&self, partition: i32, pipeline: &Pipeline) {
+        if !self.count_stored {
+            return;
+        }
+        match count_stored(pipeline.store()) {
+            Ok((keys, timers)) => self.metrics.partition(partition as u32).set_stored(keys, timers),
+            Err(e) => tracing::warn!("partition {partition}: cannot count its keys for the metrics: {e}"),
+        }
+    }
+
+    fn batch(&self, partition: i32, b: &groupstate::BatchReport) {
+        self.metrics.partition(partition as u32).record_batch(b);
+        self.records.fetch_add(b.records, std::sync::atomic::Ordering::Relaxed);
+        if b.replayed {
+            tracing::info!(target: PROGRESS_TARGET, batch = b.batch_id, "partition {partition}: batch {} replayed after a stop", b.batch_id);
+        }
+        let now = self.clock.monotonic_ns();
+        let mut logged = self.logged_ns.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let last = logged.entry(partition).or_insert(0);
+        if now.saturating_sub(*last) < PARTITION_PROGRESS_NS {
+            return;
+        }
+        *last = now;
+        let lag = b.input_lag.map_or("unknown".to_owned(), |l| l.to_string());
+        tracing::info!(
+            target: PROGRESS_TARGET,
+            batch = b.batch_id,
+            "partition {partition}: batch {}, {} in {:.1} ms; lag {lag} records",
+            b.batch_id,
+            count(b.records, "record", "records"),
+            b.duration_ns as f64 / 1e6
+        );
+    }
 }
 
 fn run(args: RunArgs) -> Result<()> {
@@ -686,11 +737,13 @@ fn start_hot_load(
     };
     let Some(listen) = admin_listen else { return Ok(HotLoad { _watcher: watcher, _admin: None }) };
     let admin = groupstate::admin::Admin {
-        runtime,
-        params: config.params.clone(),
-        upload_dir: config.state_dir.join("plugins"),
-        sender: pipeline.swap_sender(),
-        status: pipeline.plugin_status(),
+        plugin: Some(groupstate::admin::PluginTarget {
+            runtime,
+            params: config.params.clone(),
+            upload_dir: config.state_dir.join("plugins"),
+            sender: pipeline.swap_sender(),
+            status: pipeline.plugin_status(),
+        }),
         metrics,
         token: args.admin_token.clone(),
         limits: groupstate::admin::AdminLimits::default(),

@@ -2,6 +2,9 @@
 //! which `tests/setup.sh` installs), started on a free loopback port with in-memory
 //! storage, and killed when the handle is dropped.
 
+// A test helper: a broker that misbehaves should fail the test loudly, where it happens.
+#![allow(clippy::unwrap_used)]
+
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -32,6 +35,13 @@ pub fn tansu_bin() -> PathBuf {
     found.unwrap_or_else(|| {
         panic!("no tansu binary under {}: run tests/setup.sh, or set GROUPSTATE_TANSU", venv.display())
     })
+}
+
+/// The partition of `key` among `partitions`: FNV-1a of the key, so that every run
+/// places it alike.
+pub fn partition_of(key: &str, partitions: i32) -> i32 {
+    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    (hash % partitions as u64) as i32
 }
 
 /// A running broker; dropping it kills it.
@@ -113,6 +123,21 @@ impl Broker {
 }
 
 impl Broker {
+    /// Produces the JSON Lines file `input` to `topic`, each line keyed by its
+    /// `key_field` and sent to the partition [`partition_of`] gives, in file order.
+    pub fn produce_keyed_lines(&self, topic: &str, partitions: i32, input: &std::path::Path, key_field: &str) {
+        let text = std::fs::read_to_string(input).unwrap();
+        let records: Vec<(i32, String, &str)> = text
+            .lines()
+            .map(|line| {
+                let v: serde_json::Value = serde_json::from_str(line).unwrap();
+                let key = v[key_field].as_str().unwrap().to_owned();
+                (partition_of(&key, partitions), key, line)
+            })
+            .collect();
+        self.produce(topic, records.iter().map(|(p, k, v)| (*p, k.as_str(), *v)));
+    }
+
     /// Every record of `topic` (all partitions, from the start, `read_committed`):
     /// its headers as text and its value.
     pub fn read_all(&self, topic: &str) -> Vec<(std::collections::BTreeMap<String, String>, String)> {
