@@ -931,3 +931,40 @@ pub fn run_batch(
     out.changes = view.into_changes()?;
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_pack_and_unpack_with_their_expiry_and_damage_is_refused() {
+        let cases = [
+            None,
+            Some(Expiry { event_time: false, at_ms: 1_700_000_000_000 }),
+            Some(Expiry { event_time: true, at_ms: -1 }),
+            Some(Expiry { event_time: true, at_ms: i64::MAX }),
+        ];
+        for expiry in cases {
+            for bytes in [&b""[..], b"\x00\x01\x02", b"plugin bytes"] {
+                let stored = pack_entry(expiry, bytes);
+                assert_eq!(unpack_entry("k", &stored).unwrap(), (expiry, bytes));
+            }
+        }
+        for damaged in [&b""[..], b"\x03rest", b"\x01short", b"\x02\x01\x02\x03\x04\x05\x06\x07"] {
+            assert!(unpack_entry("k", damaged).is_err(), "{damaged:?}");
+        }
+    }
+
+    #[test]
+    fn a_ttl_must_be_positive_and_event_time_needs_a_time_field() {
+        let var = |ttl| Variable { name: "v".into(), kind: VariableKind::Value, ttl };
+        let event = Ttl { duration_ms: 5, clock: TtlClock::EventTime };
+        assert!(check_variables(&[var(Some(event))]).is_ok());
+        let zero = check_variables(&[var(Some(Ttl { duration_ms: 0, clock: TtlClock::ProcessingTime }))]);
+        assert!(zero.unwrap_err().contains("greater than zero"));
+        assert!(check_ttl_clocks(&[var(Some(event))], true).is_ok());
+        assert!(check_ttl_clocks(&[var(Some(event))], false).unwrap_err().contains("--time-field"));
+        let processing = Ttl { duration_ms: 5, clock: TtlClock::ProcessingTime };
+        assert!(check_ttl_clocks(&[var(Some(processing))], false).is_ok());
+    }
+}
