@@ -17,6 +17,13 @@
 //!   migration: the background load of v2 with the compile cache cold and warm, and the
 //!   pause at the batch boundary (the swap batch against the batches around it).
 //!
+//! - `state [--size N] [--ops K] [--runs R]`: 0.2 state (the keyed-probe plugin): the
+//!   cost of one list-append on a list of 0 elements against one of N (default 10 000),
+//!   and of one map-put into a map of 0 entries against one of N, each measured as a
+//!   batch of one call making K (default 1000) appends or puts of new elements; the
+//!   median per operation of the call (plugin stage: the wasm call, its store reads and
+//!   staging) and of the whole batch (commit included), and their ratios.
+//!
 //! Numbers on a shared 2-core machine are noisy: compare ratios from the same run.
 
 use std::collections::HashMap;
@@ -68,6 +75,7 @@ fn main() {
         ),
         Some("timers") => timers(&list("--keys", "10000,1000000"), num("--batches", 20) as usize),
         Some("swap") => swap(num("--runs", 5) as usize),
+        Some("state") => state_cost(num("--size", 10_000), num("--ops", 1000), num("--runs", 5) as usize),
         Some("kafka") => kafka::kafka(
             num("--events", 200_000),
             num("--sensors", 10_000) as u32,
@@ -83,6 +91,7 @@ fn main() {
             );
             eprintln!("       bench timers [--keys 10000,1000000] [--batches B]");
             eprintln!("       bench swap [--runs R]");
+            eprintln!("       bench state [--size N] [--ops K] [--runs R]");
             eprintln!(
                 "       bench kafka [--events N] [--sensors K] [--runs R] [--restore-keys K] [--partition-workers W]"
             );
@@ -551,4 +560,79 @@ fn swap(runs: usize) {
         median(pause),
         median(normal)
     );
+}
+
+/// `state`: list-append and map-put on a 0.2 list or map of 0 and of `size` elements,
+/// `ops` operations in one call per batch, `runs` fresh state dirs with five measured
+/// rounds each.
+fn state_cost(size: u64, ops: u64, runs: usize) {
+    assert!(ops < 10_000, "--ops must stay under state_writes_per_call_max (10 000)");
+    let rounds = 5;
+    // The probe declares event-time TTLs, which need a time field.
+    let quiet = |k: &str, op: String| format!("{{\"k\":\"{k}\",\"ts\":1000,\"ops\":[\"{op}\",\"quiet\"]}}\n");
+    // (name, plugin µs per op, batch µs per op) for: list of 0, list of N, map of 0, map of N.
+    let mut per_op: [(Vec<f64>, Vec<f64>); 4] = Default::default();
+    for run in 0..runs {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut text = String::new();
+        let mut prefill = 0;
+        let mut filled = 0;
+        while filled < size {
+            let n = (size - filled).min(5000);
+            text.push_str(&quiet("big-list", format!("appendn:{n}")));
+            text.push_str(&quiet("big-map", format!("putn:{n}:{filled}")));
+            filled += n;
+            prefill += 2;
+        }
+        for round in 0..rounds {
+            let fresh = size + 1_000_000 * (round + 1);
+            text.push_str(&quiet(&format!("list-{round}"), format!("appendn:{ops}")));
+            text.push_str(&quiet("big-list", format!("appendn:{ops}")));
+            text.push_str(&quiet(&format!("map-{round}"), format!("putn:{ops}:{fresh}")));
+            text.push_str(&quiet("big-map", format!("putn:{ops}:{fresh}")));
+        }
+        let input = dir.path().join("in.jsonl");
+        std::fs::write(&input, text).expect("write input");
+        let mut config = groupstate::PipelineConfig::new(
+            PathBuf::from(groupstate_tests::plugins::KEYED_PROBE),
+            groupstate::Stream::File(input),
+            groupstate::Stream::File(dir.path().join("out.jsonl")),
+            dir.path().join("state"),
+            "k".into(),
+        );
+        config.batch_events_max = 1;
+        config.time_field = Some("ts".into());
+        config.on_error = groupstate::ErrorPolicy::Fail;
+        config.durable_commits = std::env::var_os("BENCH_NO_FSYNC").is_none();
+        config.cache_dir = Some(groupstate_tests::cache_dir());
+        let mut pipeline = Pipeline::open(config, Arc::new(SystemClock)).expect("open");
+        let mut batches = Vec::new();
+        pipeline.run(&mut |b| batches.push((b.stages.plugin_ns, b.duration_ns))).expect("run");
+        assert_eq!(batches.len(), prefill + 4 * rounds as usize, "one batch per line");
+        for (i, (plugin_ns, duration_ns)) in batches[prefill..].iter().enumerate() {
+            let (plugin, batch) = &mut per_op[i % 4];
+            plugin.push(*plugin_ns as f64 / 1e3 / ops as f64);
+            batch.push(*duration_ns as f64 / 1e3 / ops as f64);
+        }
+        eprintln!("run {} of {runs} done", run + 1);
+    }
+    println!("\n0.2 state: {ops} operations in one call per batch, medians of {} batches", runs * rounds as usize);
+    println!("{:<28} {:>16} {:>16}", "", "call us/op", "batch us/op");
+    let names = [
+        "list-append, list of 0".to_owned(),
+        format!("list-append, list of {size}"),
+        "map-put, map of 0".to_owned(),
+        format!("map-put, map of {size}"),
+    ];
+    let medians: Vec<(f64, f64)> = per_op.iter().map(|(p, b)| (median(p.clone()), median(b.clone()))).collect();
+    for (name, (p, b)) in names.iter().zip(&medians) {
+        println!("{name:<28} {p:>16.2} {b:>16.2}");
+    }
+    for (what, empty, full) in [("list-append", 0, 1), ("map-put", 2, 3)] {
+        println!(
+            "{what}: {size} vs 0: call {:.2}x, batch {:.2}x",
+            medians[full].0 / medians[empty].0,
+            medians[full].1 / medians[empty].1
+        );
+    }
 }

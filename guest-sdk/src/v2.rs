@@ -50,6 +50,46 @@ pub enum VariableKind {
     Map,
 }
 
+/// The clock a variable's time-to-live runs on (see [`Ttl`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TtlClock {
+    /// Written at the batch's processing time, expired in the first batch whose
+    /// processing time is at or after the expiry.
+    ProcessingTime,
+    /// Written at the call's event time (the largest event time of a data call's
+    /// events, or the watermark if larger; the watermark in a timer call; the load's
+    /// processing time in [`KeyedFunction::handle_initial_state`]), expired in the first
+    /// batch whose watermark is at or after the expiry. Needs a pipeline with a time
+    /// field.
+    EventTime,
+}
+
+/// A time-to-live: each value, list element or map entry expires `duration_ms` after
+/// it was last written (a value at its last [`ValueState::set`], a map entry at its
+/// last [`MapState::put`], a list element at its [`ListState::append`]). Reading does
+/// not renew an entry. An expired entry is invisible at once, in every call of the
+/// batch in which it expires, and the host removes it from the store without calling
+/// the plugin. An entry keeps the expiry it was written with. Expiry follows the
+/// batch's planned time, never the wall clock, so a replay expires the same entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ttl {
+    /// How long an entry lives after it was written (greater than zero).
+    pub duration_ms: i64,
+    /// The clock it runs on.
+    pub clock: TtlClock,
+}
+
+impl Ttl {
+    /// A processing-time TTL.
+    pub const fn processing_time(duration_ms: i64) -> Self {
+        Self { duration_ms, clock: TtlClock::ProcessingTime }
+    }
+    /// An event-time TTL (against the watermark).
+    pub const fn event_time(duration_ms: i64) -> Self {
+        Self { duration_ms, clock: TtlClock::EventTime }
+    }
+}
+
 /// A state variable, declared by [`KeyedFunction::variables`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variable {
@@ -57,21 +97,54 @@ pub struct Variable {
     pub name: &'static str,
     /// Its kind.
     pub kind: VariableKind,
+    /// Its time-to-live, if its entries expire.
+    pub ttl: Option<Ttl>,
 }
 
 impl Variable {
     /// A value variable.
     pub const fn value(name: &'static str) -> Self {
-        Self { name, kind: VariableKind::Value }
+        Self { name, kind: VariableKind::Value, ttl: None }
     }
     /// A list variable.
     pub const fn list(name: &'static str) -> Self {
-        Self { name, kind: VariableKind::List }
+        Self { name, kind: VariableKind::List, ttl: None }
     }
     /// A map variable.
     pub const fn map(name: &'static str) -> Self {
-        Self { name, kind: VariableKind::Map }
+        Self { name, kind: VariableKind::Map, ttl: None }
     }
+    /// The same variable with a time-to-live:
+    /// `Variable::map("sessions").with_ttl(Ttl::event_time(3_600_000))`.
+    pub const fn with_ttl(self, ttl: Ttl) -> Self {
+        Self { ttl: Some(ttl), ..self }
+    }
+}
+
+/// Which part of a variable a byte string is, for [`KeyedFunction::render_state`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatePart {
+    /// The value of a value variable.
+    Value,
+    /// An element of a list variable.
+    ListElement,
+    /// A key of a map variable.
+    MapKey,
+    /// A value of a map variable.
+    MapValue,
+}
+
+/// Renders bytes that [`ValueState`], [`ListState`] or a [`MapState`] value stored as
+/// a `T` as JSON, for [`KeyedFunction::render_state`]; `None` when they do not decode.
+pub fn render_as<T: Serialize + DeserializeOwned>(bytes: &[u8]) -> Option<String> {
+    let value: T = codec::decode(bytes).ok()?;
+    serde_json::to_string(&value).ok()
+}
+
+/// Renders a map key stored by a [`MapState`] with key type `K` as JSON, for
+/// [`KeyedFunction::render_state`]; `None` when the bytes are not a `K`.
+pub fn render_key_as<K: MapKey + Serialize>(bytes: &[u8]) -> Option<String> {
+    serde_json::to_string(&K::from_bytes(bytes)?).ok()
 }
 
 /// A timer of a key: its expiry (epoch milliseconds, event or processing time per the
@@ -345,6 +418,30 @@ pub trait KeyedFunction: Sized + 'static {
         timer: Timer,
         state: &KeyState<'_>,
     ) -> Result<Vec<Self::Output>, Error>;
+
+    /// Writes a key's initial state, given as one line of the host's
+    /// `--initial-state FILE` (its `state`, any JSON value), before the first batch of
+    /// a new state dir. Any error stores nothing of the whole file. The default refuses:
+    /// a plugin that takes initial state implements this.
+    fn handle_initial_state(
+        &mut self,
+        key: &Self::Key,
+        state_json: serde_json::Value,
+        state: &KeyState<'_>,
+    ) -> Result<(), Error> {
+        let _ = (key, state_json, state);
+        Err(Error::msg(
+            "this plugin has no initial-state handler: implement KeyedFunction::handle_initial_state, or run without --initial-state",
+        ))
+    }
+
+    /// Renders stored bytes of `variable` as JSON for `groupstate state --plugin`
+    /// (see [`render_as`] and [`render_key_as`]); `None` (the default) shows them in
+    /// hex. It must depend on its arguments only.
+    fn render_state(&self, variable: &str, part: StatePart, bytes: &[u8]) -> Option<String> {
+        let _ = (variable, part, bytes);
+        None
+    }
 }
 
 fn outputs<O: Serialize>(outputs: Vec<O>) -> Result<Vec<String>, String> {
@@ -386,6 +483,13 @@ pub mod export {
                     VariableKind::List => t::VariableKind::List,
                     VariableKind::Map => t::VariableKind::Map,
                 },
+                ttl: v.ttl.map(|ttl| t::Ttl {
+                    duration_ms: ttl.duration_ms,
+                    clock: match ttl.clock {
+                        TtlClock::ProcessingTime => t::TtlClock::ProcessingTime,
+                        TtlClock::EventTime => t::TtlClock::EventTime,
+                    },
+                }),
             })
             .collect();
         Ok((instance, variables))
@@ -423,15 +527,47 @@ pub mod export {
         let out = instance.handle_expired_timer(&key, timer, &KeyState { handle }).map_err(String::from)?;
         outputs(out)
     }
+
+    pub fn handle_initial_state<T: KeyedFunction>(
+        instance: Option<&mut T>,
+        key: String,
+        state_json: String,
+        handle: &Handle,
+    ) -> Result<(), String> {
+        let instance = instance.ok_or_else(|| format!("handle-initial-state {NO_INIT}"))?;
+        let key = T::Key::from_key(key).map_err(|e| String::from(Error::from(e)))?;
+        let state = serde_json::from_str(&state_json).map_err(|e| {
+            format!("the initial state is not valid JSON ({e}): the host sends the line's `state` value")
+        })?;
+        instance.handle_initial_state(&key, state, &KeyState { handle }).map_err(String::from)
+    }
+
+    pub fn render_state<T: KeyedFunction>(
+        instance: Option<&T>,
+        variable: String,
+        part: t::StatePart,
+        bytes: Vec<u8>,
+    ) -> Option<String> {
+        let part = match part {
+            t::StatePart::Value => StatePart::Value,
+            t::StatePart::ListElement => StatePart::ListElement,
+            t::StatePart::MapKey => StatePart::MapKey,
+            t::StatePart::MapValue => StatePart::MapValue,
+        };
+        instance?.render_state(&variable, part, &bytes)
+    }
 }
 
 /// Exports a [`KeyedFunction`] as the `groupstate:plugin@0.2.0` world's `info`, `init`,
-/// `process` and `handle-expired-timer`. Use it once per plugin crate, at the top level:
+/// `process`, `handle-expired-timer`, `handle-initial-state` and `render-state`. Use it
+/// once per plugin crate, at the top level:
 /// `groupstate_sdk::export_keyed_plugin!(MyFunction);`.
 #[macro_export]
 macro_rules! export_keyed_plugin {
     ($ty:ty) => {
         const _: () = {
+    $crate::v2::wit::export_v2!(__GroupstatePlugin with_types_in $crate::v2::wit);
+
             ::std::thread_local! {
                 static __GROUPSTATE_INSTANCE: ::core::cell::RefCell<::core::option::Option<$ty>> =
                     const { ::core::cell::RefCell::new(::core::option::Option::None) };
@@ -473,9 +609,27 @@ macro_rules! export_keyed_plugin {
                         $crate::v2::export::handle_expired_timer::<$ty>(slot.as_mut(), key, timer, state)
                     })
                 }
-            }
 
-    $crate::v2::wit::export_v2!(__GroupstatePlugin with_types_in $crate::v2::wit);
+                fn handle_initial_state(
+                    key: ::std::string::String,
+                    state_json: ::std::string::String,
+                    state: &$crate::v2::wit::groupstate::plugin::state::KeyState,
+                ) -> ::core::result::Result<(), ::std::string::String> {
+                    __GROUPSTATE_INSTANCE.with_borrow_mut(|slot| {
+                        $crate::v2::export::handle_initial_state::<$ty>(slot.as_mut(), key, state_json, state)
+                    })
+                }
+
+                fn render_state(
+                    variable: ::std::string::String,
+                    part: $crate::v2::wit::groupstate::plugin::types::StatePart,
+                    bytes: ::std::vec::Vec<u8>,
+                ) -> ::core::option::Option<::std::string::String> {
+                    __GROUPSTATE_INSTANCE.with_borrow(|slot| {
+                        $crate::v2::export::render_state::<$ty>(slot.as_ref(), variable, part, bytes)
+                    })
+                }
+            }
         };
     };
 }

@@ -209,6 +209,13 @@ pub struct Limits {
     pub state_writes_per_call_max: usize,
     /// 0.2 plugins: the timers one key may hold (default 1 000).
     pub timers_per_key_max: usize,
+    /// 0.2 plugins: the expired TTL entries (values, list elements, map entries) one
+    /// batch removes from the store; the rest stay invisible and go in the next batches
+    /// (default 100 000).
+    pub ttl_expirations_per_batch_max: usize,
+    /// 0.2 plugins: the size of an `--initial-state` file, committed as one commit
+    /// (default 1 GiB).
+    pub initial_state_bytes_max: u64,
     /// Time a new plugin version may take to migrate the sample of stored values it is
     /// checked with before a hot swap (off the processing path); a slower one is
     /// refused (default 10 000 ms).
@@ -239,6 +246,8 @@ impl Default for Limits {
             timeouts_per_batch_max: 100_000,
             state_writes_per_call_max: 10_000,
             timers_per_key_max: 1_000,
+            ttl_expirations_per_batch_max: 100_000,
+            initial_state_bytes_max: 1 << 30,
             migration_check_ms_max: 10_000,
             store_cache_bytes: 64 << 20,
             store_buffer_bytes: 8 << 20,
@@ -540,6 +549,8 @@ impl PipelineConfig {
             Bound::new("timeouts_per_batch_max", l.timeouts_per_batch_max as u64, 1, 10_000_000),
             Bound::new("state_writes_per_call_max", l.state_writes_per_call_max as u64, 1, 1_000_000),
             Bound::new("timers_per_key_max", l.timers_per_key_max as u64, 1, 1_000_000),
+            Bound::new("ttl_expirations_per_batch_max", l.ttl_expirations_per_batch_max as u64, 1, 10_000_000),
+            Bound::new("initial_state_bytes_max", l.initial_state_bytes_max, 1, 64u64 << 30),
             Bound::new("store_cache_bytes", l.store_cache_bytes, MIB, 64 * GIB),
             Bound::new("store_buffer_bytes", l.store_buffer_bytes, 0, 16 * GIB),
             Bound::new("store_log_bytes", l.store_log_bytes, 0, 16 * GIB),

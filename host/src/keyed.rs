@@ -24,6 +24,40 @@ pub enum VariableKind {
     Map,
 }
 
+/// The clock a variable's time-to-live runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TtlClock {
+    /// Written at the batch's processing time, expired against it.
+    ProcessingTime,
+    /// Written at the call's event time, expired against the watermark.
+    EventTime,
+}
+
+/// A variable's time-to-live (the WIT's `ttl`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ttl {
+    /// How long an entry lives after it was written.
+    pub duration_ms: i64,
+    /// The clock it runs on.
+    pub clock: TtlClock,
+}
+
+/// Which part of a variable `render-state` is asked to render.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatePart {
+    /// A value variable's value.
+    Value,
+    /// A list element.
+    ListElement,
+    /// A map key.
+    MapKey,
+    /// A map value.
+    MapValue,
+}
+
+/// The longest answer of `render-state` the host shows (longer: hex).
+pub const RENDERED_BYTES_MAX: usize = 1 << 20;
+
 /// A state variable a 0.2 plugin declared from `init`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Variable {
@@ -31,11 +65,90 @@ pub struct Variable {
     pub name: String,
     /// Its kind.
     pub kind: VariableKind,
+    /// Its time-to-live, if its entries expire.
+    pub ttl: Option<Ttl>,
 }
 
-/// Checks the variables a plugin declared: valid, unique names.
+/// Checks that a pipeline can run the variables' TTLs: an event-time TTL needs a
+/// watermark, so a time field.
+pub fn check_ttl_clocks(variables: &[Variable], has_time_field: bool) -> Result<(), String> {
+    match variables.iter().find(|v| v.ttl.is_some_and(|t| t.clock == TtlClock::EventTime)) {
+        Some(v) if !has_time_field => Err(format!(
+            "variable {:?} has an event-time TTL, but the pipeline has no --time-field, so no watermark to expire it against: run with --time-field, or give it a processing-time TTL",
+            v.name
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// An entry's expiry: its clock (event time or processing time) and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expiry {
+    /// On the event-time clock (the watermark), else processing time.
+    pub event_time: bool,
+    /// When it expires (epoch milliseconds): at the first batch whose threshold is at
+    /// or after it.
+    pub at_ms: i64,
+}
+
+/// The layout of 0.2 entries this host writes, recorded in a new state dir: 1 has the
+/// expiry header of [`pack_entry`].
+pub const KEYED_LAYOUT: u32 = 1;
+
+/// The first byte of a stored value, list element or map entry: no expiry follows.
+const NO_EXPIRY: u8 = 0;
+/// The first byte: a processing-time expiry follows (8 bytes, little endian).
+const PROCESSING_EXPIRY: u8 = 1;
+/// The first byte: an event-time expiry follows.
+const EVENT_EXPIRY: u8 = 2;
+
+/// The stored form of a value, list element or map entry: a byte saying whether an
+/// expiry follows, the expiry, then the plugin's bytes.
+pub fn pack_entry(expiry: Option<Expiry>, bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len() + 9);
+    match expiry {
+        None => out.push(NO_EXPIRY),
+        Some(e) => {
+            out.push(if e.event_time { EVENT_EXPIRY } else { PROCESSING_EXPIRY });
+            out.extend_from_slice(&e.at_ms.to_le_bytes());
+        }
+    }
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// A stored value, list element or map entry read back: its expiry and the plugin's
+/// bytes (checked right after the read: damage is an error, not a guess).
+pub fn unpack_entry<'b>(store_key: &str, stored: &'b [u8]) -> Result<(Option<Expiry>, &'b [u8]), StoreError> {
+    let damaged = || StoreError::Corrupt(format!("the record of {store_key:?} has no valid expiry header"));
+    let (&tag, rest) = stored.split_first().ok_or_else(damaged)?;
+    let event_time = match tag {
+        NO_EXPIRY => return Ok((None, rest)),
+        PROCESSING_EXPIRY => false,
+        EVENT_EXPIRY => true,
+        _ => return Err(damaged()),
+    };
+    let (at, bytes) = rest.split_at_checked(8).ok_or_else(damaged)?;
+    let at_ms = i64::from_le_bytes(at.try_into().map_err(|_| damaged())?);
+    Ok((Some(Expiry { event_time, at_ms }), bytes))
+}
+
+/// A list element as stored: its store key, its expiry and the plugin's bytes.
+type StoredElement = (String, Option<Expiry>, Vec<u8>);
+
+/// Why an initial-state load stopped: the index of the line's (key, state) pair, the
+/// key and the call's failure.
+pub type InitialStateRefused = (usize, String, CallError);
+
+/// Checks the variables a plugin declared: valid, unique names, positive TTLs.
 pub fn check_variables(variables: &[Variable]) -> Result<(), String> {
     for (i, v) in variables.iter().enumerate() {
+        if let Some(ttl) = v.ttl.filter(|t| t.duration_ms <= 0) {
+            return Err(format!(
+                "init declared variable {:?} with a TTL of {} ms: a TTL's duration-ms must be greater than zero",
+                v.name, ttl.duration_ms
+            ));
+        }
         if !sk::valid_variable_name(&v.name) {
             return Err(format!(
                 "init declared a variable named {:?}: a name has 1 to {} ASCII letters, digits, '_', '-' or '.'",
@@ -159,6 +272,33 @@ pub struct CallContext {
     pub writes_max: usize,
     /// `timers_per_key_max`.
     pub timers_max: usize,
+    /// `ttl_expirations_per_batch_max`.
+    pub expirations_max: usize,
+}
+
+impl CallContext {
+    /// Whether an entry with expiry `e` is expired in this batch: its clock's threshold
+    /// (watermark or processing time) is at or after it.
+    pub fn expired(&self, e: Expiry) -> bool {
+        e.at_ms <= if e.event_time { self.watermark_ms } else { self.processing_time_ms }
+    }
+}
+
+/// A list's (next index, length) from its record.
+fn parse_list_meta(bytes: &[u8]) -> Option<(u64, u64)> {
+    let b = <[u8; 16]>::try_from(bytes).ok()?;
+    let (next, len) = b.split_at(8);
+    Some((u64::from_le_bytes(next.try_into().ok()?), u64::from_le_bytes(len.try_into().ok()?)))
+}
+
+/// A list's next-index record; none for an empty list.
+fn list_meta_record(next: u64, len: u64, schema_version: u32) -> Option<KeyRecord> {
+    if len == 0 {
+        return None;
+    }
+    let mut bytes = next.to_le_bytes().to_vec();
+    bytes.extend_from_slice(&len.to_le_bytes());
+    Some(KeyRecord { value: Some(bytes), timeout_ms: None, schema_version })
 }
 
 impl CallContext {
@@ -173,6 +313,7 @@ impl CallContext {
             state_bytes_max: limits.state_bytes_max,
             writes_max: limits.state_writes_per_call_max,
             timers_max: limits.timers_per_key_max,
+            expirations_max: limits.ttl_expirations_per_batch_max,
         }
     }
 }
@@ -187,6 +328,8 @@ pub struct KeyCall {
     view: BatchView,
     variables: std::sync::Arc<Vec<Variable>>,
     staged: BTreeMap<String, Option<KeyRecord>>,
+    /// The call's write time on the event-time clock (see the WIT's `ttl-clock`).
+    event_time_ms: i64,
     /// Changes applied whatever the call's result (the handled timer's removal).
     forced: Vec<String>,
     /// A store read failed under the call.
@@ -200,13 +343,20 @@ impl std::fmt::Debug for KeyCall {
 }
 
 impl KeyCall {
-    fn new(key: &str, ctx: CallContext, view: BatchView, variables: std::sync::Arc<Vec<Variable>>) -> Self {
+    fn new(
+        key: &str,
+        ctx: CallContext,
+        view: BatchView,
+        variables: std::sync::Arc<Vec<Variable>>,
+        event_time_ms: i64,
+    ) -> Self {
         Self {
             key: key.to_owned(),
             ctx,
             view,
             variables,
             staged: BTreeMap::new(),
+            event_time_ms,
             forced: Vec::new(),
             store_error: None,
         }
@@ -226,12 +376,99 @@ impl KeyCall {
         self.view
     }
 
-    fn check(&self, name: &str, kind: VariableKind) -> Request<()> {
-        if self.variables.iter().any(|v| v.name == name && v.kind == kind) {
-            Ok(())
-        } else {
-            Err(KeyStateError::UnknownVariable(name.to_owned()).into())
+    fn check(&self, name: &str, kind: VariableKind) -> Request<Option<Ttl>> {
+        match self.variables.iter().find(|v| v.name == name && v.kind == kind) {
+            Some(v) => Ok(v.ttl),
+            None => Err(KeyStateError::UnknownVariable(name.to_owned()).into()),
         }
+    }
+
+    /// The expiry an entry written now with `ttl` gets.
+    fn expiry_of(&self, ttl: Option<Ttl>) -> Option<Expiry> {
+        let ttl = ttl?;
+        Some(match ttl.clock {
+            TtlClock::ProcessingTime => {
+                Expiry { event_time: false, at_ms: self.ctx.processing_time_ms.saturating_add(ttl.duration_ms) }
+            }
+            TtlClock::EventTime => {
+                Expiry { event_time: true, at_ms: self.event_time_ms.saturating_add(ttl.duration_ms) }
+            }
+        })
+    }
+
+    /// The plugin's bytes of a stored entry and its expiry, `None` when it is absent
+    /// or expired in this batch.
+    fn live(&self, key: &str, record: Option<KeyRecord>) -> Request<Option<(Option<Expiry>, Vec<u8>)>> {
+        let Some(stored) = record.and_then(|r| r.value) else {
+            return Ok(None);
+        };
+        let (expiry, bytes) = unpack_entry(key, &stored)?;
+        if expiry.is_some_and(|e| self.ctx.expired(e)) {
+            return Ok(None);
+        }
+        Ok(Some((expiry, bytes.to_vec())))
+    }
+
+    /// Stages every change of one request, or none of them (over
+    /// `state_writes_per_call_max`: the request has no effect).
+    fn stage_all(&mut self, changes: Vec<(String, Option<KeyRecord>)>) -> Request<()> {
+        let new = changes.iter().filter(|(k, _)| !self.staged.contains_key(k)).count();
+        if self.staged.len() + new > self.ctx.writes_max {
+            return Err(KeyStateError::TooManyEntries(clamp_u32(self.ctx.writes_max)).into());
+        }
+        self.staged.extend(changes);
+        Ok(())
+    }
+
+    fn index_record(&self) -> KeyRecord {
+        KeyRecord { value: Some(Vec::new()), timeout_ms: None, schema_version: self.ctx.schema_version }
+    }
+
+    /// The changes that write `value` (or remove the entry, `None`) under store key
+    /// `key` of a variable with `ttl`: the entry, and with a TTL its index entry and
+    /// the removal of the one it replaces. Without a TTL the old entry is not read: an
+    /// index entry it leaves (a TTL dropped since it was written) is removed when it
+    /// expires.
+    fn entry_changes(
+        &self,
+        key: String,
+        ttl: Option<Ttl>,
+        value: Option<Vec<u8>>,
+    ) -> Request<Vec<(String, Option<KeyRecord>)>> {
+        let mut changes = Vec::with_capacity(3);
+        let old = if ttl.is_some() { self.read(&key)?.and_then(|r| r.value) } else { None };
+        if let Some(stored) = old
+            && let (Some(old), _) = unpack_entry(&key, &stored)?
+        {
+            changes.push((sk::expiry_index_key(old.event_time, old.at_ms, &key), None));
+        }
+        let Some(value) = value else {
+            changes.push((key, None));
+            return Ok(changes);
+        };
+        let expiry = self.expiry_of(ttl);
+        if let Some(e) = expiry {
+            let index_key = sk::expiry_index_key(e.event_time, e.at_ms, &key);
+            changes.retain(|(k, _)| *k != index_key);
+            changes.push((index_key, Some(self.index_record())));
+        }
+        let record = KeyRecord {
+            value: Some(pack_entry(expiry, &value)),
+            timeout_ms: None,
+            schema_version: self.ctx.schema_version,
+        };
+        changes.push((key, Some(record)));
+        Ok(changes)
+    }
+
+    /// The store key of an entry of a variable with `ttl`, checked for length (with
+    /// room for its expiry index key).
+    fn checked_entry_key(key: String, ttl: Option<Ttl>) -> Request<String> {
+        let room = if ttl.is_some() { sk::EXPIRY_INDEX_OVERHEAD_BYTES } else { 0 };
+        if key.len() + room > KEY_BYTES_MAX {
+            return Err(KeyStateError::KeyTooLong(clamp_u32(key.len() + room)).into());
+        }
+        Ok(key)
     }
 
     fn read(&self, key: &str) -> Request<Option<KeyRecord>> {
@@ -249,11 +486,11 @@ impl KeyCall {
         Ok(())
     }
 
-    fn record(&self, value: Vec<u8>) -> Request<KeyRecord> {
+    fn check_size(&self, value: &[u8]) -> Request<()> {
         if value.len() as u64 > self.ctx.state_bytes_max {
             return Err(KeyStateError::ValueTooLarge(self.ctx.state_bytes_max).into());
         }
-        Ok(KeyRecord { value: Some(value), timeout_ms: None, schema_version: self.ctx.schema_version })
+        Ok(())
     }
 
     fn checked_key(key: String) -> Request<String> {
@@ -293,125 +530,145 @@ impl KeyCall {
     /// `value-get`.
     pub fn value_get(&self, name: &str) -> Request<Option<Vec<u8>>> {
         self.check(name, VariableKind::Value)?;
-        Ok(self.read(&sk::value_key(&self.key, name))?.and_then(|r| r.value))
+        let key = sk::value_key(&self.key, name);
+        Ok(self.live(&key, self.read(&key)?)?.map(|(_, bytes)| bytes))
     }
 
     /// `value-set`.
     pub fn value_set(&mut self, name: &str, value: Vec<u8>) -> Request<()> {
-        self.check(name, VariableKind::Value)?;
-        let record = self.record(value)?;
-        let key = Self::checked_key(sk::value_key(&self.key, name))?;
-        self.stage(key, Some(record))
+        let ttl = self.check(name, VariableKind::Value)?;
+        self.check_size(&value)?;
+        let key = Self::checked_entry_key(sk::value_key(&self.key, name), ttl)?;
+        let changes = self.entry_changes(key, ttl, Some(value))?;
+        self.stage_all(changes)
     }
 
     /// `value-clear`.
     pub fn value_clear(&mut self, name: &str) -> Request<()> {
-        self.check(name, VariableKind::Value)?;
-        let key = Self::checked_key(sk::value_key(&self.key, name))?;
-        self.stage(key, None)
+        let ttl = self.check(name, VariableKind::Value)?;
+        let key = Self::checked_entry_key(sk::value_key(&self.key, name), ttl)?;
+        let changes = self.entry_changes(key, ttl, None)?;
+        self.stage_all(changes)
     }
 
-    /// A list's (next index, length).
+    /// A list's (next index, length); the length counts the elements in the store,
+    /// expired ones not yet removed included.
     fn list_meta(&self, name: &str) -> Request<(u64, u64)> {
         let bytes = self.read(&sk::list_next_key(&self.key, name))?.and_then(|r| r.value);
         let Some(bytes) = bytes else {
             return Ok((0, 0));
         };
-        match <[u8; 16]>::try_from(bytes.as_slice()) {
-            Ok(b) => {
-                let (next, len) = b.split_at(8);
-                let word = |w: &[u8]| u64::from_le_bytes(w.try_into().unwrap_or_default());
-                Ok((word(next), word(len)))
-            }
-            Err(_) => Err(StoreError::Corrupt(format!(
-                "list {name:?} of key {:?}: its next-index record is not 16 bytes",
-                self.key
-            ))
-            .into()),
-        }
+        parse_list_meta(&bytes).ok_or_else(|| {
+            StoreError::Corrupt(format!("list {name:?} of key {:?}: its next-index record is not 16 bytes", self.key))
+                .into()
+        })
     }
 
-    fn set_list_meta(&mut self, name: &str, next: u64, len: u64) -> Request<()> {
+    fn list_meta_change(&self, name: &str, next: u64, len: u64) -> (String, Option<KeyRecord>) {
         let key = sk::list_next_key(&self.key, name);
-        if len == 0 {
-            return self.stage(key, None);
-        }
-        let mut bytes = next.to_le_bytes().to_vec();
-        bytes.extend_from_slice(&len.to_le_bytes());
-        let record = KeyRecord { value: Some(bytes), timeout_ms: None, schema_version: self.ctx.schema_version };
-        self.stage(key, Some(record))
+        (key, list_meta_record(next, len, self.ctx.schema_version))
     }
 
-    /// `list-append`: two store entries, the element and the list's next index.
+    /// `list-append`: the element, the list's next index and, with a TTL, the element's
+    /// expiry index entry.
     pub fn list_append(&mut self, name: &str, value: Vec<u8>) -> Request<()> {
-        self.check(name, VariableKind::List)?;
-        let record = self.record(value)?;
+        let ttl = self.check(name, VariableKind::List)?;
+        self.check_size(&value)?;
         let (next, len) = self.list_meta(name)?;
-        let key = Self::checked_key(sk::list_element_key(&self.key, name, next))?;
-        let meta_staged = self.staged.contains_key(&sk::list_next_key(&self.key, name));
-        if self.staged.len() + 1 + usize::from(!meta_staged) > self.ctx.writes_max {
-            return Err(KeyStateError::TooManyEntries(clamp_u32(self.ctx.writes_max)).into());
+        let key = Self::checked_entry_key(sk::list_element_key(&self.key, name, next), ttl)?;
+        let mut changes = Vec::with_capacity(3);
+        let expiry = self.expiry_of(ttl);
+        if let Some(e) = expiry {
+            changes.push((sk::expiry_index_key(e.event_time, e.at_ms, &key), Some(self.index_record())));
         }
-        self.stage(key, Some(record))?;
-        self.set_list_meta(name, next + 1, len + 1)
+        let record = KeyRecord {
+            value: Some(pack_entry(expiry, &value)),
+            timeout_ms: None,
+            schema_version: self.ctx.schema_version,
+        };
+        changes.push((key, Some(record)));
+        changes.push(self.list_meta_change(name, next + 1, len + 1));
+        self.stage_all(changes)
     }
 
-    /// `list-get`.
+    /// The list's elements in the store (expired or not) with their expiry.
+    fn list_elements(&self, name: &str) -> Request<Vec<StoredElement>> {
+        let mut out = Vec::new();
+        for (key, record) in self.range(&sk::list_prefix(&self.key, name))? {
+            let stored = record.value.unwrap_or_default();
+            let (expiry, bytes) = unpack_entry(&key, &stored)?;
+            out.push((key, expiry, bytes.to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// `list-get`: the elements not expired.
     pub fn list_get(&self, name: &str) -> Request<Vec<Vec<u8>>> {
         self.check(name, VariableKind::List)?;
-        let entries = self.range(&sk::list_prefix(&self.key, name))?;
-        Ok(entries.into_iter().filter_map(|(_, r)| r.value).collect())
+        let elements = self.list_elements(name)?;
+        Ok(elements
+            .into_iter()
+            .filter(|(_, e, _)| !e.is_some_and(|e| self.ctx.expired(e)))
+            .map(|(_, _, b)| b)
+            .collect())
     }
 
-    /// `list-len`.
+    /// `list-len`: with a TTL, the elements not expired (read); without, the stored
+    /// length.
     pub fn list_len(&self, name: &str) -> Request<u64> {
-        self.check(name, VariableKind::List)?;
-        Ok(self.list_meta(name)?.1)
+        match self.check(name, VariableKind::List)? {
+            Some(_) => Ok(self.list_get(name)?.len() as u64),
+            None => Ok(self.list_meta(name)?.1),
+        }
     }
 
-    /// `list-clear`: a staged deletion per element.
+    /// `list-clear`: a staged deletion per element (and per expiry index entry).
     pub fn list_clear(&mut self, name: &str) -> Request<()> {
         self.check(name, VariableKind::List)?;
-        let entries = self.range(&sk::list_prefix(&self.key, name))?;
-        if self.staged.len() + entries.len() + 1 > self.ctx.writes_max {
-            return Err(KeyStateError::TooManyEntries(clamp_u32(self.ctx.writes_max)).into());
+        let elements = self.list_elements(name)?;
+        let mut changes = Vec::with_capacity(elements.len() + 1);
+        for (key, expiry, _) in elements {
+            if let Some(e) = expiry {
+                changes.push((sk::expiry_index_key(e.event_time, e.at_ms, &key), None));
+            }
+            changes.push((key, None));
         }
-        for (key, _) in entries {
-            self.stage(key, None)?;
-        }
-        self.set_list_meta(name, 0, 0)
+        changes.push(self.list_meta_change(name, 0, 0));
+        self.stage_all(changes)
     }
 
-    fn map_key(&self, name: &str, key: &[u8]) -> Request<String> {
+    fn map_key(&self, name: &str, key: &[u8], ttl: Option<Ttl>) -> Request<String> {
         if key.len() as u64 > self.ctx.state_bytes_max {
             return Err(KeyStateError::ValueTooLarge(self.ctx.state_bytes_max).into());
         }
-        Self::checked_key(sk::map_entry_key(&self.key, name, key))
+        Self::checked_entry_key(sk::map_entry_key(&self.key, name, key), ttl)
     }
 
     /// `map-get`.
     pub fn map_get(&self, name: &str, key: &[u8]) -> Request<Option<Vec<u8>>> {
-        self.check(name, VariableKind::Map)?;
-        let key = self.map_key(name, key)?;
-        Ok(self.read(&key)?.and_then(|r| r.value))
+        let ttl = self.check(name, VariableKind::Map)?;
+        let key = self.map_key(name, key, ttl)?;
+        Ok(self.live(&key, self.read(&key)?)?.map(|(_, bytes)| bytes))
     }
 
     /// `map-put`.
     pub fn map_put(&mut self, name: &str, key: &[u8], value: Vec<u8>) -> Request<()> {
-        self.check(name, VariableKind::Map)?;
-        let key = self.map_key(name, key)?;
-        let record = self.record(value)?;
-        self.stage(key, Some(record))
+        let ttl = self.check(name, VariableKind::Map)?;
+        let key = self.map_key(name, key, ttl)?;
+        self.check_size(&value)?;
+        let changes = self.entry_changes(key, ttl, Some(value))?;
+        self.stage_all(changes)
     }
 
     /// `map-remove`.
     pub fn map_remove(&mut self, name: &str, key: &[u8]) -> Request<()> {
-        self.check(name, VariableKind::Map)?;
-        let key = self.map_key(name, key)?;
-        self.stage(key, None)
+        let ttl = self.check(name, VariableKind::Map)?;
+        let key = self.map_key(name, key, ttl)?;
+        let changes = self.entry_changes(key, ttl, None)?;
+        self.stage_all(changes)
     }
 
-    /// `map-entries`, in byte order of the map keys.
+    /// `map-entries`, in byte order of the map keys, the expired ones skipped.
     pub fn map_entries(&self, name: &str) -> Request<Vec<(Vec<u8>, Vec<u8>)>> {
         self.check(name, VariableKind::Map)?;
         let prefix = sk::map_prefix(&self.key, name);
@@ -420,7 +677,9 @@ impl KeyCall {
             let Some(map_key) = sk::map_key_of(&key, &prefix) else {
                 return Err(StoreError::Corrupt(format!("store key {key:?} is not a map entry's")).into());
             };
-            out.push((map_key, record.value.unwrap_or_default()));
+            if let Some((_, bytes)) = self.live(&key, Some(record))? {
+                out.push((map_key, bytes));
+            }
         }
         Ok(out)
     }
@@ -492,6 +751,88 @@ pub trait KeyedFunction {
     fn process(&mut self, call: KeyCall, events: &[Event]) -> (Result<Vec<String>, CallError>, KeyCall);
     /// `handle-expired-timer(key, timer, state)`.
     fn expired_timer(&mut self, call: KeyCall, timer: &Timer) -> (Result<Vec<String>, CallError>, KeyCall);
+    /// `handle-initial-state(key, state-json, state)`.
+    fn initial_state(&mut self, call: KeyCall, state_json: &str) -> (Result<(), CallError>, KeyCall);
+}
+
+/// Removes from `view` the entries whose expiry the batch has reached, in expiry
+/// order, through the expiry index (a range read of the expired index entries only),
+/// at most `limit`; the rest stay invisible to reads and go in later batches. An index
+/// entry whose entry no longer has its expiry (a TTL dropped since) goes alone.
+fn remove_expired(view: &mut BatchView, ctx: &CallContext, limit: usize) -> Result<usize, StoreError> {
+    let mut removed = 0;
+    for (event_time, threshold) in [(false, ctx.processing_time_ms), (true, ctx.watermark_ms)] {
+        if removed >= limit {
+            break;
+        }
+        let (start, end) = sk::expired_range(event_time, threshold);
+        for (index_key, _) in view.reader.scan_range(&start, &end, limit - removed)?.into_iter().take(limit - removed) {
+            let Some((_, at_ms, entry_key)) = sk::parse_expiry_index(&index_key) else {
+                return Err(StoreError::Corrupt(format!("{index_key:?} in the expiry index is not an index key")));
+            };
+            let expiry = Expiry { event_time, at_ms };
+            let entry_key = entry_key.to_owned();
+            view.applied.insert(index_key, None);
+            removed += 1;
+            let Some(stored) = view.get(&entry_key)?.and_then(|r| r.value) else {
+                continue;
+            };
+            if unpack_entry(&entry_key, &stored)?.0 != Some(expiry) {
+                continue;
+            }
+            view.applied.insert(entry_key.clone(), None);
+            if let Some((group, Entry::ListElement(name, _))) = sk::parse(&entry_key) {
+                let meta_key = sk::list_next_key(&group, &name);
+                let meta = view.get(&meta_key)?;
+                let Some((next, len)) = meta.as_ref().and_then(|r| parse_list_meta(r.value.as_deref()?)) else {
+                    return Err(StoreError::Corrupt(format!("list element {entry_key:?} has no valid list length")));
+                };
+                let schema = meta.map_or(ctx.schema_version, |r| r.schema_version);
+                view.applied.insert(meta_key, list_meta_record(next, len.saturating_sub(1), schema));
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// Whether the store holds an entry expired at these thresholds (so a batch without
+/// data has entries to remove).
+pub fn has_expired_entries(store: &Store, processing_time_ms: i64, watermark_ms: i64) -> Result<bool, StoreError> {
+    let reader = store.reader();
+    for (event_time, threshold) in [(false, processing_time_ms), (true, watermark_ms)] {
+        let (start, end) = sk::expired_range(event_time, threshold);
+        if !reader.scan_range(&start, &end, 0)?.is_empty() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Gives a new state dir its initial state: `handle-initial-state` once per
+/// (key, state JSON) in order, each call's writes applied for the next; the first
+/// failed call stops the load with its index and why. Its changes are for one commit.
+pub fn run_initial_state(
+    function: &mut dyn KeyedFunction,
+    store: &Store,
+    variables: std::sync::Arc<Vec<Variable>>,
+    ctx: &CallContext,
+    states: impl Iterator<Item = (String, String)>,
+) -> Result<Result<Vec<KeyChange>, InitialStateRefused>, StoreError> {
+    let mut view = BatchView { reader: store.reader(), applied: BTreeMap::new() };
+    for (index, (key, json)) in states.enumerate() {
+        // No watermark before the first batch: an event-time TTL counts from the load's
+        // processing time (the WIT's `ttl-clock`).
+        let call = KeyCall::new(&key, ctx.clone(), view, variables.clone(), ctx.processing_time_ms);
+        let (result, call) = function.initial_state(call, &json);
+        if let Some(e) = call.store_error {
+            return Err(e);
+        }
+        if let Err(e) = result {
+            return Ok(Err((index, key, e)));
+        }
+        view = call.finish(true);
+    }
+    Ok(Ok(view.into_changes()?))
 }
 
 /// One call's result, in call order: its outputs, or why it failed.
@@ -512,6 +853,8 @@ pub struct KeyedBatch {
     pub calls: Vec<Called>,
     /// The store entries the batch changed.
     pub changes: Vec<KeyChange>,
+    /// The expiry index entries of expired entries it removed.
+    pub expired: usize,
 }
 
 /// Calls `function` for every key with data, in the batch's order, then once per
@@ -531,8 +874,10 @@ pub fn run_batch(
 ) -> Result<KeyedBatch, StoreError> {
     let mut out = KeyedBatch::default();
     let mut view = BatchView { reader: store.reader(), applied: BTreeMap::new() };
+    out.expired = remove_expired(&mut view, ctx, ctx.expirations_max)?;
     for (key, events) in groups {
-        let call = KeyCall::new(key, ctx.clone(), view, variables.clone());
+        let event_time = events.iter().filter_map(|e| e.event_time_ms).fold(ctx.watermark_ms, i64::max);
+        let call = KeyCall::new(key, ctx.clone(), view, variables.clone(), event_time);
         let (result, call) = function.process(call, events);
         if let Some(e) = call.store_error {
             return Err(e);
@@ -568,7 +913,7 @@ pub fn run_batch(
             }
             fired += 1;
             let timer = Timer { expiry_ms, name };
-            let mut call = KeyCall::new(&key, ctx.clone(), view, variables.clone());
+            let mut call = KeyCall::new(&key, ctx.clone(), view, variables.clone(), ctx.watermark_ms);
             call.staged.insert(store_key.clone(), None);
             call.forced.push(store_key);
             let (result, call) = function.expired_timer(call, &timer);
@@ -585,4 +930,41 @@ pub fn run_batch(
     }
     out.changes = view.into_changes()?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_pack_and_unpack_with_their_expiry_and_damage_is_refused() {
+        let cases = [
+            None,
+            Some(Expiry { event_time: false, at_ms: 1_700_000_000_000 }),
+            Some(Expiry { event_time: true, at_ms: -1 }),
+            Some(Expiry { event_time: true, at_ms: i64::MAX }),
+        ];
+        for expiry in cases {
+            for bytes in [&b""[..], b"\x00\x01\x02", b"plugin bytes"] {
+                let stored = pack_entry(expiry, bytes);
+                assert_eq!(unpack_entry("k", &stored).unwrap(), (expiry, bytes));
+            }
+        }
+        for damaged in [&b""[..], b"\x03rest", b"\x01short", b"\x02\x01\x02\x03\x04\x05\x06\x07"] {
+            assert!(unpack_entry("k", damaged).is_err(), "{damaged:?}");
+        }
+    }
+
+    #[test]
+    fn a_ttl_must_be_positive_and_event_time_needs_a_time_field() {
+        let var = |ttl| Variable { name: "v".into(), kind: VariableKind::Value, ttl };
+        let event = Ttl { duration_ms: 5, clock: TtlClock::EventTime };
+        assert!(check_variables(&[var(Some(event))]).is_ok());
+        let zero = check_variables(&[var(Some(Ttl { duration_ms: 0, clock: TtlClock::ProcessingTime }))]);
+        assert!(zero.unwrap_err().contains("greater than zero"));
+        assert!(check_ttl_clocks(&[var(Some(event))], true).is_ok());
+        assert!(check_ttl_clocks(&[var(Some(event))], false).unwrap_err().contains("--time-field"));
+        let processing = Ttl { duration_ms: 5, clock: TtlClock::ProcessingTime };
+        assert!(check_ttl_clocks(&[var(Some(processing))], false).is_ok());
+    }
 }

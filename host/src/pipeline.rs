@@ -5,7 +5,7 @@
 //! batch runs; where they go is the binary's choice.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -116,6 +116,15 @@ pub enum Error {
         batch_id: u64,
         /// The fold's error.
         cause: StoreError,
+    },
+    /// `--initial-state` was refused: its file, a line of it, or the plugin's call.
+    /// Nothing of the file was stored.
+    #[error("--initial-state {}: {why}", path.display())]
+    InitialState {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, with the line and what to do.
+        why: String,
     },
     /// The state dir belongs to another pipeline.
     #[error("state dir {dir} was created with {recorded}, not {given}; use the original setting, or a new --state-dir")]
@@ -280,10 +289,15 @@ impl Pipeline {
     pub fn open_with_function(
         config: PipelineConfig,
         clock: Arc<dyn Clock>,
-        plugin: Box<dyn StateFunction>,
+        mut plugin: Box<dyn StateFunction>,
     ) -> Result<Self, Error> {
         config.validate()?;
         check_streams(&config)?;
+        // Before the state dir is made: a plugin this pipeline cannot run leaves none.
+        if let Some((_, variables)) = plugin.keyed() {
+            crate::keyed::check_ttl_clocks(&variables, config.time_field.is_some())
+                .map_err(crate::config::ConfigError)?;
+        }
         let store = Store::open(
             &config.state_dir.join("store"),
             config.limits.store_cache_bytes,
@@ -344,6 +358,61 @@ impl Pipeline {
             pace: PaceWatch::default(),
             export: None,
         })
+    }
+
+    /// Gives a new state dir its initial state from `path` (JSON Lines, each line
+    /// `{"key": "...", "state": <any JSON>}`, blank lines skipped) through the plugin's
+    /// `handle-initial-state`, before the first batch: the whole file is checked first
+    /// (a malformed line or a duplicate key is refused with its line number, before any
+    /// call), then one call per line, in order, and every call's writes are committed
+    /// together in one commit, so a refusal anywhere stores nothing. Only a 0.2 plugin
+    /// takes initial state, and only a state dir without a checkpoint. Returns the
+    /// number of keys given.
+    pub fn load_initial_state(&mut self, path: &Path) -> Result<u64, Error> {
+        let refuse = |why: String| Error::InitialState { path: path.to_owned(), why };
+        if self.swaps.state_api() != 2 {
+            return Err(refuse(format!(
+                "plugin {} targets groupstate:plugin@0.1.0, which has no handle-initial-state; initial state needs a groupstate:plugin@0.2.0 plugin",
+                self.swaps.label()
+            )));
+        }
+        if matches!(self.config.input, Stream::Kafka(_)) {
+            return Err(refuse("a kafka:// input keeps its state per partition, which initial state does not fit yet; run without --initial-state".into()));
+        }
+        if self.store.checkpoint()?.is_some() || self.store.pending_plan()?.is_some() {
+            return Err(refuse(format!(
+                "state dir {} already has state (a committed checkpoint): initial state is given once, to a new state dir; drop --initial-state to go on with it, or use a new --state-dir",
+                self.config.state_dir.display()
+            )));
+        }
+        let states = read_initial_state(path, &self.config.limits).map_err(refuse)?;
+        let started = self.clock.monotonic_ns();
+        let plan = BatchPlan {
+            batch_id: self.checkpoint.next_batch_id,
+            start_offset: 0,
+            end_offset: 0,
+            processing_time_ms: self.clock.now_ms(),
+            watermark_ms: 0,
+        };
+        let schema = self.swaps.info().state_schema_version;
+        let ctx = crate::keyed::CallContext::new(self.config.timeout, &plan, schema, &self.config.limits);
+        let Some((function, variables)) = self.swaps.plugin().keyed() else {
+            return Err(refuse("the plugin is not a groupstate:plugin@0.2.0 one".into()));
+        };
+        crate::keyed::check_ttl_clocks(&variables, self.config.time_field.is_some()).map_err(&refuse)?;
+        let pairs = states.iter().map(|(_, key, json)| (key.clone(), json.clone()));
+        let changes = match crate::keyed::run_initial_state(function, &self.store, variables, &ctx, pairs)? {
+            Ok(changes) => changes,
+            Err((index, key, cause)) => {
+                let line = states[index].0;
+                return Err(refuse(format!(
+                    "line {line}: key {key:?}: handle-initial-state failed: {cause}; nothing of the file was stored: fix the line (or the plugin) and run again"
+                )));
+            }
+        };
+        self.stages.plugin_ns += self.since(started);
+        self.store.commit(changes, &self.checkpoint, self.config.durable_commits)?;
+        Ok(states.len() as u64)
     }
 
     /// Sends every batch through `export` before its local commit (a Kafka
@@ -568,7 +637,14 @@ impl Pipeline {
         }
     }
 
+    /// Whether a batch without data has work: expired timers, or (0.2) expired TTL
+    /// entries to remove.
     fn has_expired_timers(&self, watermark_ms: i64, processing_time_ms: i64) -> Result<bool, Error> {
+        if self.swaps.state_api() == 2
+            && crate::keyed::has_expired_entries(&self.store, processing_time_ms, watermark_ms)?
+        {
+            return Ok(true);
+        }
         match self.timeout_threshold(watermark_ms, processing_time_ms) {
             // A 0.2 timer fires at `expiry <= threshold`.
             Some(threshold) => {
@@ -719,6 +795,8 @@ impl Pipeline {
         let Some((function, variables)) = self.swaps.plugin().keyed() else {
             return Err(crate::config::ConfigError("the plugin is not a groupstate:plugin@0.2.0 one".into()).into());
         };
+        crate::keyed::check_ttl_clocks(&variables, self.config.time_field.is_some())
+            .map_err(crate::config::ConfigError)?;
         let done =
             crate::keyed::run_batch(function, &self.store, variables, &ctx, &prepared.groups, threshold, limit, fail)?;
         self.stages.plugin_ns += self.since(started);
@@ -1064,11 +1142,75 @@ fn check_identity(store: &Store, config: &PipelineConfig) -> Result<(), Error> {
     Err(Error::Mismatch { dir: config.state_dir.clone(), recorded: describe(true), given: describe(false) })
 }
 
+/// The lines of an initial-state file: (line number, key, the `state` value as JSON
+/// text), checked whole before any call: a malformed line, a key too long or given
+/// twice, or a file over `initial_state_bytes_max` is refused with what to do.
+fn read_initial_state(path: &Path, limits: &crate::config::Limits) -> Result<Vec<(usize, String, String)>, String> {
+    let meta = std::fs::metadata(path)
+        .map_err(|e| format!("{e}; give a JSON Lines file of {{\"key\": ..., \"state\": ...}} lines"))?;
+    if meta.len() > limits.initial_state_bytes_max {
+        return Err(format!(
+            "{} bytes, over initial_state_bytes_max ({}): the whole initial state is one commit; raise the limit in the pipeline file",
+            meta.len(),
+            limits.initial_state_bytes_max
+        ));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{e}; it must be UTF-8 JSON Lines"))?;
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let number = i + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let shape = "each line is {\"key\": \"...\", \"state\": <any JSON>}";
+        let value: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| format!("line {number}: not JSON ({e}); {shape}"))?;
+        let Some(object) = value.as_object() else {
+            return Err(format!("line {number}: not a JSON object; {shape}"));
+        };
+        let Some(key) = object.get("key").and_then(serde_json::Value::as_str) else {
+            return Err(format!("line {number}: no string field \"key\"; {shape}"));
+        };
+        let Some(state) = object.get("state") else {
+            return Err(format!("line {number}: no field \"state\"; {shape}"));
+        };
+        if key.len() > crate::store::KEY_BYTES_MAX {
+            return Err(format!(
+                "line {number}: the key has {} bytes, over the store's {}",
+                key.len(),
+                crate::store::KEY_BYTES_MAX
+            ));
+        }
+        if let Some(first) = seen.insert(key.to_owned(), number) {
+            return Err(format!(
+                "line {number}: key {key:?} again (first on line {first}): each key has one line of initial state; merge them"
+            ));
+        }
+        out.push((number, key.to_owned(), state.to_string()));
+    }
+    Ok(out)
+}
+
 /// A state dir holds the state of one plugin world: its first run records it, and a
 /// plugin of the other world is refused (0.1 records and 0.2 entries share no layout).
 fn check_state_api(store: &Store, config: &PipelineConfig, api: u32) -> Result<(), Error> {
     match store.state_api()? {
-        None => Ok(store.set_state_api(api)?),
+        None => {
+            if api == 2 {
+                store.set_keyed_layout(crate::keyed::KEYED_LAYOUT)?;
+            }
+            Ok(store.set_state_api(api)?)
+        }
+        Some(2) if api == 2 => match store.keyed_layout()? {
+            Some(crate::keyed::KEYED_LAYOUT) => Ok(()),
+            layout => Err(Error::Mismatch {
+                dir: config.state_dir.clone(),
+                recorded: format!("0.2 entries in layout {} (a development build before TTL)", layout.unwrap_or(0)),
+                given: format!("layout {}", crate::keyed::KEYED_LAYOUT),
+            }),
+        },
         Some(recorded) if recorded == api => Ok(()),
         Some(recorded) => Err(Error::Mismatch {
             dir: config.state_dir.clone(),

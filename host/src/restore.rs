@@ -287,6 +287,10 @@ impl Restoring<'_> {
             }
         };
         if let Some(api) = attempt.state_api.filter(|_| self.records_state_api) {
+            // The changelog carries entries of this host's 0.2 layout.
+            if api == 2 {
+                self.store.set_keyed_layout(crate::keyed::KEYED_LAYOUT)?;
+            }
             self.store.set_state_api(api)?;
             self.records_state_api = false;
         }

@@ -19,6 +19,14 @@
 //!
 //! A timer is a record with a deadline, so the store's deadline index finds expired
 //! timers without a scan of all keys, as it finds 0.1 timeouts.
+//!
+//! An entry of a variable with a time-to-live has an entry in the **expiry index**
+//! beside it: `\u{1} e clock expiry entry-key`, where `clock` is `p` (processing time)
+//! or `e` (event time), `expiry` 16 hex digits of its order-preserving form and
+//! `entry-key` the entry's own store key; its record holds an empty value. No group
+//! prefix starts with `\u{1}` followed by `e` (the escape writes `\u{1}` as
+//! `\u{1}\u{1}` or `\u{1}\u{2}`), so the index is a range of its own, ordered by
+//! (clock, expiry), and the entries expired at a threshold are a range from its start.
 
 use crate::codec::hex;
 
@@ -123,8 +131,7 @@ pub fn timer_prefix(group: &str) -> String {
 
 /// The store key of `group`'s timer (expiry, name).
 pub fn timer_key(group: &str, expiry_ms: i64, name: Option<&str>) -> String {
-    let ordered = (expiry_ms as u64) ^ (1 << 63);
-    let mut out = format!("{}{ordered:016x}", timer_prefix(group));
+    let mut out = format!("{}{}", timer_prefix(group), ordered_hex(expiry_ms));
     match name {
         None => out.push('-'),
         Some(name) => {
@@ -133,6 +140,50 @@ pub fn timer_key(group: &str, expiry_ms: i64, name: Option<&str>) -> String {
         }
     }
     out
+}
+
+/// The start of the expiry index (see the module doc).
+const EXPIRY_INDEX: &str = "\u{1}e";
+
+/// What an expiry index key adds to its entry's store key.
+pub const EXPIRY_INDEX_OVERHEAD_BYTES: usize = EXPIRY_INDEX.len() + 1 + 16;
+
+fn ordered_hex(ms: i64) -> String {
+    format!("{:016x}", (ms as u64) ^ (1 << 63))
+}
+
+fn clock_tag(event_time: bool) -> char {
+    if event_time { 'e' } else { 'p' }
+}
+
+/// The expiry index key of `entry_key` expiring at `expiry_ms` on its clock.
+pub fn expiry_index_key(event_time: bool, expiry_ms: i64, entry_key: &str) -> String {
+    format!("{EXPIRY_INDEX}{}{}{entry_key}", clock_tag(event_time), ordered_hex(expiry_ms))
+}
+
+/// The range `[start, end)` of the expiry index keys on a clock with
+/// `expiry <= threshold_ms`.
+pub fn expired_range(event_time: bool, threshold_ms: i64) -> (String, String) {
+    let start = format!("{EXPIRY_INDEX}{}", clock_tag(event_time));
+    let end = match threshold_ms.checked_add(1) {
+        Some(above) => format!("{start}{}", ordered_hex(above)),
+        // Every expiry is at or below i64::MAX: the range ends with the clock's keys.
+        None => format!("{EXPIRY_INDEX}{}", char::from(clock_tag(event_time) as u8 + 1)),
+    };
+    (start, end)
+}
+
+/// The clock (event time or not), expiry and entry key of an expiry index key; `None`
+/// for any other key.
+pub fn parse_expiry_index(store_key: &str) -> Option<(bool, i64, &str)> {
+    let rest = store_key.strip_prefix(EXPIRY_INDEX)?;
+    let event_time = match rest.get(..1)? {
+        "e" => true,
+        "p" => false,
+        _ => return None,
+    };
+    let ordered = u64::from_str_radix(rest.get(1..17)?, 16).ok()?;
+    Some((event_time, (ordered ^ (1 << 63)) as i64, rest.get(17..)?))
 }
 
 /// The group key and the entry a composite store key names; `None` for a key that is
@@ -243,6 +294,24 @@ mod tests {
         assert!(map_entry_key("g", "m", b"\x01\xff") < map_entry_key("g", "m", b"\x02"));
         let prefix = map_prefix("g", "m");
         assert_eq!(map_key_of(&map_entry_key("g", "m", b"key"), &prefix), Some(b"key".to_vec()));
+    }
+
+    #[test]
+    fn expiry_index_keys_parse_back_and_range_by_clock_and_expiry() {
+        let entry = map_entry_key("a\u{1}b", "m", b"k");
+        for (event_time, expiry) in [(true, 5), (false, -3), (true, i64::MAX), (false, i64::MIN)] {
+            let key = expiry_index_key(event_time, expiry, &entry);
+            assert_eq!(parse_expiry_index(&key), Some((event_time, expiry, entry.as_str())));
+            assert_eq!(parse(&key), None, "no group key's entry");
+            let (start, end) = expired_range(event_time, expiry);
+            assert!(start.as_str() <= key.as_str() && key < end, "{key:?} in its own range");
+            let (_, below) = expired_range(event_time, expiry.saturating_sub(1));
+            assert!(expiry == i64::MIN || key >= below, "{key:?} not expired below its expiry");
+            let (other_start, other_end) = expired_range(!event_time, i64::MAX);
+            assert!(key < other_start || key >= other_end, "{key:?} not on the other clock");
+        }
+        assert!(!group_prefix("\u{1}e").starts_with(EXPIRY_INDEX));
+        assert_eq!(parse_expiry_index(&value_key("g", "v")), None);
     }
 
     #[test]

@@ -66,6 +66,9 @@ const META_PLAN: &[u8] = b"mplan";
 const META_PIPELINE: &[u8] = b"mpipeline";
 /// The plugin world whose state the dir holds (absent: 0.1).
 const META_STATE_API: &[u8] = b"mstate-api";
+/// The layout of a 0.2 dir's entries (absent: the first 0.2 layout, without the
+/// expiry header of `keyed.rs`).
+const META_KEYED_LAYOUT: &[u8] = b"mkeyed-layout";
 
 /// How often `open` retries a locked database (20 ms apart, 5 s in all) before giving up.
 const OPEN_LOCK_RETRIES: u32 = 250;
@@ -217,30 +220,44 @@ impl StoreReader {
     /// `prefix` on (`prefix` must hold a `\0`, as the keys of 0.2 state do).
     pub fn scan_prefix(&self, prefix: &str, limit: usize) -> Result<Vec<(String, KeyRecord)>> {
         debug_assert!(prefix.contains('\0'), "a prefix scan of keys the overlay does not order");
+        self.scan(prefix, |k| k.starts_with(prefix), limit)
+    }
+
+    /// The committed records of the keys in `[start, end)`, in key order: at most
+    /// `limit + 1`, as [`StoreReader::scan_prefix`] (every key in the range must hold a
+    /// `\0`, as the expiry index's do).
+    pub fn scan_range(&self, start: &str, end: &str, limit: usize) -> Result<Vec<(String, KeyRecord)>> {
+        self.scan(start, |k| k < end, limit)
+    }
+
+    /// The keys from `start` on while `within` holds (it holds for a prefix of the
+    /// keys from `start`).
+    fn scan(&self, start: &str, within: impl Fn(&str) -> bool, limit: usize) -> Result<Vec<(String, KeyRecord)>> {
         let want = limit.saturating_add(1);
         let mut buffered: std::collections::BTreeMap<&str, Option<&[u8]>> = std::collections::BTreeMap::new();
         if let Some(folding) = &self.folding {
-            buffered.extend(folding.range_from(prefix).take_while(|(k, _)| k.starts_with(prefix)));
+            buffered.extend(folding.range_from(start).take_while(|(k, _)| within(k)));
         }
-        buffered.extend(self.overlay.range_from(prefix).take_while(|(k, _)| k.starts_with(prefix)));
+        buffered.extend(self.overlay.range_from(start).take_while(|(k, _)| within(k)));
         let mut found: std::collections::BTreeMap<String, KeyRecord> = std::collections::BTreeMap::new();
         // Enough of sled's to fill `want` whatever the overlays delete.
         let stored_max = want.saturating_add(buffered.len());
         let walk = self.pages.lock().unwrap_or_else(PoisonError::into_inner);
-        'pages: for entry in self.tree.range(pages_above(prefix)) {
+        'pages: for entry in self.tree.range(pages_above(start)) {
             let (raw, bytes) = entry.map_err(io("read a page"))?;
             let page = Page::decode(&bytes)?;
             for (key, record) in page.entries() {
-                if key.starts_with(prefix) && !buffered.contains_key(key.as_str()) {
+                if key.as_str() >= start && within(key) && !buffered.contains_key(key.as_str()) {
                     found.insert(key.clone(), record.clone());
                     if found.len() >= stored_max {
                         break 'pages;
                     }
                 }
             }
-            if !raw[1..].starts_with(prefix.as_bytes()) {
-                // The fence is above every key with the prefix.
-                break;
+            // The page holds the keys below its fence: past the range, so are the next.
+            match std::str::from_utf8(&raw[1..]) {
+                Ok(fence) if within(fence) => {}
+                _ => break,
             }
         }
         drop(walk);
@@ -442,9 +459,24 @@ impl Store {
         }
     }
 
-    /// Records the plugin world whose state this dir holds (first run only).
+    /// Records the plugin world whose state this dir holds (first run only), durably:
+    /// a dir whose checkpoint survived a crash without it would read as 0.1.
     pub fn set_state_api(&self, api: u32) -> Result<()> {
         self.folder.tree.insert(META_STATE_API, codec::encode(&api)).map_err(io("write state api"))?;
+        self.folder.db.flush().map_err(io("flush sled"))?;
+        Ok(())
+    }
+
+    /// The layout version of a 0.2 dir's entries (see `keyed::KEYED_LAYOUT`), `None`
+    /// for a dir from before the record.
+    pub fn keyed_layout(&self) -> Result<Option<u32>> {
+        read_meta::<u32>(&self.folder.tree, "0.2 layout", META_KEYED_LAYOUT)
+    }
+
+    /// Records the layout of a new 0.2 dir's entries, durably (as `set_state_api`).
+    pub fn set_keyed_layout(&self, layout: u32) -> Result<()> {
+        self.folder.tree.insert(META_KEYED_LAYOUT, codec::encode(&layout)).map_err(io("write 0.2 layout"))?;
+        self.folder.db.flush().map_err(io("flush sled"))?;
         Ok(())
     }
 
@@ -1055,7 +1087,8 @@ mod tests {
 
     /// `StoreReader` against a map: composite keys of a few groups, changed and deleted
     /// over many commits, with folds in place and on their own thread, so that the
-    /// entries of a prefix lie in the overlay, the overlay being folded and sled's pages.
+    /// entries of a prefix or a range lie in the overlay, the overlay being folded and
+    /// sled's pages.
     #[test]
     fn reader_prefix_ranges_match_a_model_through_folds() {
         let dir = tempfile::tempdir().unwrap();
@@ -1118,6 +1151,20 @@ mod tests {
                     assert_eq!(reader.get(k).unwrap().and_then(|r| r.value).as_ref(), Some(v));
                 }
             }
+            // A range [start, end) inside a prefix, as the expiry index is read (the
+            // plain keys between the groups are not composite: no range may span them).
+            let (a, b, g) = (next(300), next(300), next(4));
+            let start = format!("{}{:04x}", prefix(g), a.min(b));
+            let end = format!("{}{:04x}", prefix(g), a.max(b));
+            let want: Vec<(String, Vec<u8>)> = model
+                .range(start.clone()..)
+                .take_while(|(k, _)| **k < end)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let got = reader.scan_range(&start, &end, 1000).unwrap();
+            let got: Vec<(String, Vec<u8>)> = got.into_iter().map(|(k, r)| (k, r.value.unwrap())).collect();
+            assert_eq!(got, want, "batch {batch}, range {start:?}..{end:?}");
+            assert_eq!(reader.scan_range(&start, &end, 2).unwrap().len(), want.len().min(3), "at most limit + 1");
         }
         store.check_consistency().unwrap();
     }

@@ -29,7 +29,13 @@ fn keyed_calls_are_atomic_and_timers_follow_the_rules() {
         json!({"k": "e", "ops": [format!("untimer:{}", NOW - 1)]}),
     ];
     let input = dir.path().join("in.jsonl");
-    std::fs::write(&input, script.iter().map(|l| l.to_string() + "\n").collect::<String>()).unwrap();
+    // The probe declares event-time TTLs, which need a time field.
+    let with_time = |l: &Value| {
+        let mut l = l.clone();
+        l["ts"] = json!(NOW);
+        l.to_string() + "\n"
+    };
+    std::fs::write(&input, script.iter().map(with_time).collect::<String>()).unwrap();
     let mut config = PipelineConfig::new(
         PathBuf::from(plugins::KEYED_PROBE),
         Stream::File(input),
@@ -38,6 +44,7 @@ fn keyed_calls_are_atomic_and_timers_follow_the_rules() {
         "k".into(),
     );
     config.timeout = TimeoutKind::ProcessingTime;
+    config.time_field = Some("ts".into());
     config.on_error = ErrorPolicy::Skip;
     config.batch_events_max = 1;
     config.durable_commits = false;

@@ -4,6 +4,8 @@
 //! admin endpoint's metrics from the batch loop.
 
 // Beside this file, in a folder of its own: a file in src/bin/ would be a binary.
+#[path = "groupstate/keyed_state.rs"]
+mod keyed_state;
 #[path = "groupstate/logging.rs"]
 mod logging;
 
@@ -133,6 +135,11 @@ struct RunArgs {
     /// State directory (created if absent).
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// A new state dir's initial state, JSON Lines of {"key": ..., "state": ...}, given
+    /// to a 0.2 plugin's handle-initial-state before the first batch, all or nothing
+    /// (refused once the state dir has a checkpoint).
+    #[arg(long, value_name = "FILE")]
+    initial_state: Option<PathBuf>,
     /// Top-level string field holding the group key.
     #[arg(long)]
     key_field: Option<String>,
@@ -246,6 +253,16 @@ struct StateArgs {
     /// Show only this key.
     #[arg(long)]
     key: Option<String>,
+    /// A 0.2 state dir's plugin: its render-state decodes the stored bytes as JSON
+    /// (hex where it returns none).
+    #[arg(long)]
+    plugin: Option<PathBuf>,
+    /// A parameter for the plugin's init, name=value (repeatable).
+    #[arg(long = "param", value_parser = parse_param)]
+    params: Vec<(String, String)>,
+    /// Directory of compiled plugins [default: ~/.cache/groupstate].
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
 }
 
 /// `groupstate test`: runs every scenario, says which failed and how, and fails if any
@@ -564,6 +581,9 @@ impl groupstate::partitions::Observer for KafkaObserver {
 
 fn run(args: RunArgs) -> Result<()> {
     let config = config_from(&args)?;
+    if matches!(config.input, Stream::Kafka(_)) && args.initial_state.is_some() {
+        bail!("--initial-state does not work with a kafka:// input yet (its state is kept per partition); drop it");
+    }
     if matches!(config.input, Stream::Kafka(_)) {
         return run_kafka(&args, config);
     }
@@ -581,6 +601,10 @@ fn run(args: RunArgs) -> Result<()> {
     let mut pipeline = Pipeline::open(config.clone(), clock.clone())?;
     let opened_ms = (clock.monotonic_ns() - started) / 1_000_000;
     tracing::info!(target: PROGRESS_TARGET, "plugin {} ready in {opened_ms} ms", pipeline.plugin_label());
+    if let Some(path) = &args.initial_state {
+        let keys = pipeline.load_initial_state(path)?;
+        tracing::info!(target: PROGRESS_TARGET, "initial state of {} loaded from {}", count(keys, "key", "keys"), path.display());
+    }
     // The metrics of the one input there is today: partition 0.
     let metrics = Arc::new(Metrics::new());
     let partition = metrics.partition(0);
@@ -770,6 +794,28 @@ fn state(args: &StateArgs) -> Result<()> {
     };
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
+    let keyed = store.state_api()? == Some(2);
+    if args.plugin.is_some() && !keyed {
+        bail!(
+            "--plugin decodes a groupstate:plugin@0.2.0 state dir; {} holds 0.1 state, shown without it",
+            args.state_dir.display()
+        );
+    }
+    if keyed && args.show != "checkpoint" {
+        match (args.show.as_str(), &args.key) {
+            ("keys", _) | (_, Some(_)) => {
+                let plugin = match &args.plugin {
+                    Some(path) => Some(state_plugin(path, &args.params, args.cache_dir.clone())?),
+                    None => None,
+                };
+                keyed_state::show_keys(&store, args.key.as_deref(), plugin, &mut out)?;
+            }
+            ("timers", None) => keyed_state::show_timers(&store, &mut out)?,
+            (other, None) => bail!("--show takes keys, timers or checkpoint, not {other:?}"),
+        }
+        out.flush()?;
+        return Ok(());
+    }
     let key_json = |key: &str, r: &groupstate::store::KeyRecord| {
         serde_json::json!({
             "key": key,
@@ -797,12 +843,14 @@ fn state(args: &StateArgs) -> Result<()> {
             }
         }
         ("checkpoint", None) => {
-            let cp = store.checkpoint()?.unwrap_or_default();
+            let committed = store.checkpoint()?;
+            let cp = committed.clone().unwrap_or_default();
             let c = cp.counters;
             writeln!(
                 out,
                 "{}",
                 serde_json::json!({
+                    "committed": committed.is_some(),
                     "next_batch_id": cp.next_batch_id,
                     "input_offset": cp.input_offset,
                     "output_len": cp.output_len,
@@ -824,6 +872,24 @@ fn state(args: &StateArgs) -> Result<()> {
     }
     out.flush()?;
     Ok(())
+}
+
+/// The plugin `groupstate state --plugin` renders through: a 0.2 one.
+fn state_plugin(
+    path: &std::path::Path,
+    params: &[(String, String)],
+    cache: Option<PathBuf>,
+) -> Result<groupstate::plugin::Plugin> {
+    let cache = cache.or_else(groupstate::pipeline::default_cache_dir);
+    let runtime = groupstate::plugin::Runtime::new(&groupstate::Limits::default(), cache.as_deref())?;
+    let plugin = runtime.load(path, params)?;
+    if plugin.state_api() != 2 {
+        bail!(
+            "--plugin {}: a groupstate:plugin@0.1.0 plugin has no render-state; give the state dir's 0.2 plugin",
+            path.display()
+        );
+    }
+    Ok(plugin)
 }
 
 fn plugin(path: &std::path::Path) -> Result<()> {

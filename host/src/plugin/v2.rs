@@ -7,7 +7,10 @@ use wasmtime::component::Resource;
 
 use super::{Activity, CallError, HostState, Plugin, check_outputs, clip_message, set_deadline, trap_message};
 use crate::config::TimeoutKind;
-use crate::keyed::{KeyCall, KeyStateError, KeyedFunction, RequestError, Timer, Variable, VariableKind};
+use crate::keyed::{
+    KeyCall, KeyStateError, KeyedFunction, RENDERED_BYTES_MAX, RequestError, StatePart, Timer, Ttl, TtlClock, Variable,
+    VariableKind,
+};
 use crate::plugin::Event;
 
 /// The generated bindings of the 0.2 `state-function` world.
@@ -39,7 +42,14 @@ impl From<types::Variable> for Variable {
             types::VariableKind::List => VariableKind::List,
             types::VariableKind::Map => VariableKind::Map,
         };
-        Self { name: v.name, kind }
+        let ttl = v.ttl.map(|t| Ttl {
+            duration_ms: t.duration_ms,
+            clock: match t.clock {
+                types::TtlClock::ProcessingTime => TtlClock::ProcessingTime,
+                types::TtlClock::EventTime => TtlClock::EventTime,
+            },
+        });
+        Self { name: v.name, kind, ttl }
     }
 }
 
@@ -179,6 +189,7 @@ impl log::Host for HostState {
 enum Export<'a> {
     Process(&'a [Event]),
     Timer(&'a Timer),
+    InitialState(&'a str),
 }
 
 impl Plugin {
@@ -223,6 +234,9 @@ impl Plugin {
                 let timer = types::Timer { expiry_ms: timer.expiry_ms, name: timer.name.clone() };
                 bindings.call_handle_expired_timer(&mut live.store, &key, &timer, borrowed)
             }
+            Export::InitialState(json) => bindings
+                .call_handle_initial_state(&mut live.store, &key, json, borrowed)
+                .map(|r| r.map(|()| Vec::new())),
         };
         let deleted = live.store.data_mut().table.delete(resource);
         let call = live.store.data_mut().keyed.take().expect("the call stays in the store while it runs");
@@ -244,11 +258,46 @@ impl Plugin {
     }
 }
 
+impl Plugin {
+    /// `render-state(variable, part, bytes)`: the plugin's JSON for stored bytes, or
+    /// `None` when it has none, traps, or answers with anything but one JSON value of
+    /// at most [`RENDERED_BYTES_MAX`] bytes (the caller shows hex then).
+    pub fn render_state(&mut self, variable: &str, part: StatePart, bytes: &[u8]) -> Option<String> {
+        let ticks = self.deadline_ticks();
+        let live = self.live().ok()?;
+        let super::Bindings::V2(bindings) = &live.bindings else {
+            return None;
+        };
+        let part = match part {
+            StatePart::Value => types::StatePart::Value,
+            StatePart::ListElement => types::StatePart::ListElement,
+            StatePart::MapKey => types::StatePart::MapKey,
+            StatePart::MapValue => types::StatePart::MapValue,
+        };
+        set_deadline(&mut live.store, ticks);
+        match bindings.call_render_state(&mut live.store, variable, part, bytes) {
+            Ok(Some(text)) if text.len() <= RENDERED_BYTES_MAX => {
+                let valid = serde_json::from_str::<serde::de::IgnoredAny>(&text).is_ok();
+                valid.then_some(text)
+            }
+            Ok(_) => None,
+            Err(_) => {
+                self.live = None;
+                None
+            }
+        }
+    }
+}
+
 impl KeyedFunction for Plugin {
     fn process(&mut self, call: KeyCall, events: &[Event]) -> (Result<Vec<String>, CallError>, KeyCall) {
         self.call_keyed(call, Export::Process(events))
     }
     fn expired_timer(&mut self, call: KeyCall, timer: &Timer) -> (Result<Vec<String>, CallError>, KeyCall) {
         self.call_keyed(call, Export::Timer(timer))
+    }
+    fn initial_state(&mut self, call: KeyCall, state_json: &str) -> (Result<(), CallError>, KeyCall) {
+        let (result, call) = self.call_keyed(call, Export::InitialState(state_json));
+        (result.map(|_| ()), call)
     }
 }
