@@ -369,6 +369,58 @@ fn event_time_can_be_the_records_kafka_timestamp() {
     assert!(!out.status.success() && stderr.contains("(kafka timestamp)"), "{stderr}");
 }
 
+/// A 0.2 plugin (sessions: map state, a timer per open session) over Kafka: a
+/// partition whose state dir is gone is restored from the changelog as a 0.2 state
+/// dir, its entries and timers exactly as they were, and runs on.
+#[test]
+fn a_0_2_plugins_partition_is_restored_with_its_world_and_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = crate::sessions::write_input(dir.path(), &crate::sessions::views(20_000, 300, 5));
+    let broker = Broker::start();
+    broker.create_topic("views", 4);
+    broker.produce_keyed_lines("views", 4, &input, "user", None);
+    let run = || {
+        let p = |name: &str| dir.path().join(name).display().to_string();
+        let args = [
+            "run",
+            "--plugin",
+            groupstate_tests::plugins::SESSIONS,
+            "--input",
+            &format!("kafka://{}/views", broker.bootstrap()),
+            "--group",
+            "sessions",
+            "--output",
+            &p("out.jsonl"),
+            "--state-dir",
+            &p("state"),
+            "--time-field",
+            "ts",
+            "--timeout",
+            "event-time",
+            "--watermark-delay-ms",
+            &crate::sessions::DELAY_MS.to_string(),
+            "--batch-events",
+            "2000",
+            "--until-idle-ms",
+            "3000",
+            "--cache-dir",
+            &groupstate_tests::cache_dir().display().to_string(),
+        ];
+        Command::new(groupstate_bin()).args(args).stdin(Stdio::null()).output().unwrap()
+    };
+    assert_success(&run());
+    let partition = dir.path().join("state/partition-1");
+    let (keys, timers) = (groupstate_state(&partition, "keys"), groupstate_state(&partition, "timers"));
+    assert!(keys.lines().count() > 10 && timers.lines().count() > 0, "partition 1 holds too little: {keys} {timers}");
+    std::fs::remove_dir_all(&partition).unwrap();
+    let restored = run();
+    assert_success(&restored);
+    let stderr = String::from_utf8_lossy(&restored.stderr);
+    assert!(stderr.contains("restored from the changelog"), "{stderr}");
+    assert!(groupstate_state(&partition, "keys") == keys, "partition 1's restored entries differ");
+    assert!(groupstate_state(&partition, "timers") == timers, "partition 1's restored timers differ");
+}
+
 #[test]
 fn a_bad_url_and_a_missing_group_are_refused_with_what_to_do() {
     let dir = tempfile::tempdir().unwrap();

@@ -9,11 +9,11 @@ use groupstate_tests::{cache_dir, oracle, plugins, run, run_and_inspect};
 
 const NOW_MS: i64 = 1_800_000_000_000;
 const GAP_MS: i64 = 30 * 60 * 1000;
-const DELAY_MS: i64 = 10 * 60 * 1000;
+pub const DELAY_MS: i64 = 10 * 60 * 1000;
 
 /// `events` views of `users` users, time moving on by up to 20 s a view, each view up
 /// to half the watermark delay earlier than that (out of order, never late).
-fn views(events: usize, users: u64, seed: u64) -> Vec<(String, i64, String)> {
+pub fn views(events: usize, users: u64, seed: u64) -> Vec<(String, i64, String)> {
     let mut state = seed;
     let mut next = move |n: u64| {
         state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -29,7 +29,7 @@ fn views(events: usize, users: u64, seed: u64) -> Vec<(String, i64, String)> {
         .collect()
 }
 
-fn write_input(dir: &Path, views: &[(String, i64, String)]) -> PathBuf {
+pub fn write_input(dir: &Path, views: &[(String, i64, String)]) -> PathBuf {
     let path = dir.join("views.jsonl");
     let lines: Vec<String> =
         views.iter().map(|(u, ts, p)| serde_json::json!({"user": u, "ts": ts, "page": p}).to_string()).collect();
