@@ -57,11 +57,17 @@ pub(crate) fn write(dir: &Path, mark: FoldMark) -> io::Result<()> {
     bytes.extend_from_slice(&mark.digest.to_le_bytes());
     let crc = crc32fast::hash(&bytes);
     bytes.extend_from_slice(&crc.to_le_bytes());
-    let tmp = dir.join(TMP);
+    replace_durably(dir, FILE, TMP, &bytes)
+}
+
+/// Replaces `dir/name` with `bytes` through `dir/tmp` and a rename, and waits until
+/// the new file is on disk: a crash leaves the old file or the new one, whole.
+pub(crate) fn replace_durably(dir: &Path, name: &str, tmp: &str, bytes: &[u8]) -> io::Result<()> {
+    let tmp = dir.join(tmp);
     let mut file = File::create(&tmp)?;
-    file.write_all(&bytes)?;
+    file.write_all(bytes)?;
     file.sync_all()?;
-    fs::rename(&tmp, dir.join(FILE))?;
+    fs::rename(&tmp, dir.join(name))?;
     // The rename is durable once the directory is.
     File::open(dir)?.sync_all()
 }

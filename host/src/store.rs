@@ -64,11 +64,24 @@ const REDO_LOG: &str = "redo.log";
 const REDO_LOG_FOLDING: &str = "redo.folding.log";
 const META_PLAN: &[u8] = b"mplan";
 const META_PIPELINE: &[u8] = b"mpipeline";
-/// The plugin world whose state the dir holds (absent: 0.1).
+/// The plugin world whose state the dir holds, in dirs made before the world file.
 const META_STATE_API: &[u8] = b"mstate-api";
-/// The layout of a 0.2 dir's entries (absent: the first 0.2 layout, without the
+/// The layout of a 0.2 dir's entries, in dirs made before the world file (absent
+/// from both: the first 0.2 layout, without the
 /// expiry header of `keyed.rs`).
 const META_KEYED_LAYOUT: &[u8] = b"mkeyed-layout";
+/// The world file beside sled's files (see [`Store::state_api`]), and its staging name.
+const WORLD_FILE: &str = "world.json";
+const WORLD_TMP: &str = "world.json.tmp";
+
+/// What a dir's state is, as the world file holds it.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
+struct World {
+    /// See [`Store::state_api`].
+    state_api: Option<u32>,
+    /// See [`Store::keyed_layout`].
+    keyed_layout: Option<u32>,
+}
 
 /// How often `open` retries a locked database (20 ms apart, 5 s in all) before giving up.
 const OPEN_LOCK_RETRIES: u32 = 250;
@@ -452,32 +465,55 @@ impl Store {
     /// The plugin world whose state this dir holds: `1` (`groupstate:plugin@0.1.0`,
     /// also for a dir that predates the record) or `2`; `None` for a new dir.
     pub fn state_api(&self) -> Result<Option<u32>> {
-        match read_meta::<u32>(&self.folder.tree, "state api", META_STATE_API)? {
-            Some(api) => Ok(Some(api)),
-            None if self.checkpoint.is_some() => Ok(Some(1)),
-            None => Ok(None),
-        }
+        // Dirs made before the world file kept it in sled.
+        let recorded = match read_meta::<u32>(&self.folder.tree, "state api", META_STATE_API)? {
+            Some(api) => Some(api),
+            None => self.world()?.state_api,
+        };
+        Ok(recorded.or(self.checkpoint.is_some().then_some(1)))
     }
 
-    /// Records the plugin world whose state this dir holds (first run only), durably:
-    /// a dir whose checkpoint survived a crash without it would read as 0.1.
+    /// Records the plugin world whose state this dir holds (first run only), durably
+    /// before the first commit: a dir whose checkpoint survived a crash without it
+    /// would read as 0.1.
     pub fn set_state_api(&self, api: u32) -> Result<()> {
-        self.folder.tree.insert(META_STATE_API, codec::encode(&api)).map_err(io("write state api"))?;
-        self.folder.db.flush().map_err(io("flush sled"))?;
-        Ok(())
+        self.set_world(World { state_api: Some(api), ..self.world()? })
     }
 
     /// The layout version of a 0.2 dir's entries (see `keyed::KEYED_LAYOUT`), `None`
     /// for a dir from before the record.
     pub fn keyed_layout(&self) -> Result<Option<u32>> {
-        read_meta::<u32>(&self.folder.tree, "0.2 layout", META_KEYED_LAYOUT)
+        match read_meta::<u32>(&self.folder.tree, "0.2 layout", META_KEYED_LAYOUT)? {
+            Some(layout) => Ok(Some(layout)),
+            None => Ok(self.world()?.keyed_layout),
+        }
     }
 
     /// Records the layout of a new 0.2 dir's entries, durably (as `set_state_api`).
     pub fn set_keyed_layout(&self, layout: u32) -> Result<()> {
-        self.folder.tree.insert(META_KEYED_LAYOUT, codec::encode(&layout)).map_err(io("write 0.2 layout"))?;
-        self.folder.db.flush().map_err(io("flush sled"))?;
-        Ok(())
+        self.set_world(World { keyed_layout: Some(layout), ..self.world()? })
+    }
+
+    /// The world file: what the dir's state is, written beside sled's files (not into
+    /// sled, which is written only by folds: a sled flush on a new dir that a kill
+    /// cut short could leave sled unopenable).
+    fn world(&self) -> Result<World> {
+        let path = self.folder.dir.join(WORLD_FILE);
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(World::default()),
+            Err(cause) => return Err(StoreError::Log { path, cause }),
+        };
+        serde_json::from_slice(&bytes).map_err(|e| StoreError::Log {
+            path: path.clone(),
+            cause: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("damaged: {e}")),
+        })
+    }
+
+    fn set_world(&self, world: World) -> Result<()> {
+        let bytes = serde_json::to_vec(&world).unwrap_or_default();
+        fold_mark::replace_durably(&self.folder.dir, WORLD_FILE, WORLD_TMP, &bytes)
+            .map_err(|cause| StoreError::Log { path: self.folder.dir.join(WORLD_FILE), cause })
     }
 
     /// A reader of the committed state that owns what it reads (sled's tree and the
