@@ -13,6 +13,7 @@ fn check(path: &Path) -> Result<(), String> {
         "probe" => plugins::PROBE,
         "inactivity-alert" => plugins::INACTIVITY_ALERT,
         "inactivity-alert-v2" => plugins::INACTIVITY_ALERT_V2,
+        "inactivity-alert-v2-c" => plugins::INACTIVITY_ALERT_V2_C,
         other => return Err(format!("unknown plugin {other:?}")),
     };
     scenario::run(&case, Path::new(plugin), Some(&cache_dir()))
