@@ -22,7 +22,7 @@
 //   request had no effect).
 //
 // This module imports nothing from the host (so it also loads in Node for tests);
-// logging is `groupstate-sdk/v2/log`. Everything a call changes is applied only when it
+// logging is `v2log.js` (package export `groupstate-sdk/v2/log`). Everything a call changes is applied only when it
 // returns; a thrown error fails the call and changes nothing (the timer of a failed
 // timer call is gone all the same).
 
