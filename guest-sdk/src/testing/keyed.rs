@@ -58,7 +58,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::v2::wit::groupstate::plugin::types as t;
-use crate::v2::{self, KeyState, KeyedFunction, TimeMode, Timer, Variable, VariableKind};
+use crate::v2::{self, KeyState, KeyedFunction, TimeMode, Timer, Ttl, TtlClock, Variable, VariableKind};
 use crate::{Error, Event, Params};
 
 /// The longest store key the host keeps (its `KEY_BYTES_MAX`).
@@ -90,20 +90,35 @@ impl Default for Limits {
     }
 }
 
+/// When an entry of a variable with a TTL expires: on which clock, and at what time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Expiry {
+    event_time: bool,
+    at_ms: i64,
+}
+
+/// A stored value, list element or map entry: the plugin's bytes and, for a variable
+/// with a TTL, its expiry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stored {
+    bytes: Vec<u8>,
+    expiry: Option<Expiry>,
+}
+
 /// A list variable as the host keeps it: its elements under their indices, and the
-/// index the next append takes (back to 0 when the list is cleared).
+/// index the next append takes (back to 0 when the list is empty).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct ListData {
     next: u64,
-    elements: BTreeMap<u64, Vec<u8>>,
+    elements: BTreeMap<u64, Stored>,
 }
 
 /// Everything one key holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct KeyData {
-    values: BTreeMap<String, Vec<u8>>,
+    values: BTreeMap<String, Stored>,
     lists: BTreeMap<String, ListData>,
-    maps: BTreeMap<String, BTreeMap<Vec<u8>, Vec<u8>>>,
+    maps: BTreeMap<String, BTreeMap<Vec<u8>, Stored>>,
     timers: BTreeSet<Timer>,
 }
 
@@ -113,6 +128,21 @@ impl KeyData {
             && self.lists.values().all(|l| l.elements.is_empty())
             && self.maps.values().all(BTreeMap::is_empty)
             && self.timers.is_empty()
+    }
+
+    /// Removes the entries `expired` says are, as the host does at the start of a batch;
+    /// a list left empty starts again at index 0.
+    fn remove_expired(&mut self, expired: impl Fn(Expiry) -> bool) {
+        let gone = |s: &Stored| s.expiry.is_some_and(&expired);
+        self.values.retain(|_, s| !gone(s));
+        for list in self.lists.values_mut() {
+            list.elements.retain(|_, s| !gone(s));
+        }
+        self.lists.retain(|_, l| !l.elements.is_empty());
+        for map in self.maps.values_mut() {
+            map.retain(|_, s| !gone(s));
+        }
+        self.maps.retain(|_, m| !m.is_empty());
     }
 }
 
@@ -124,6 +154,8 @@ enum EntryId {
     ListElement(String, u64),
     MapEntry(String, Vec<u8>),
     Timer(Timer),
+    /// An entry's expiry index entry (variables with a TTL).
+    Index(Expiry, Box<EntryId>),
 }
 
 /// What a call sees of the pipeline.
@@ -132,7 +164,18 @@ struct Context {
     time_mode: TimeMode,
     watermark_ms: i64,
     processing_time_ms: i64,
+    /// The call's write time on the event-time clock: the largest of a data call's event
+    /// times and the watermark; the watermark in a timer call; the load's processing
+    /// time for initial state.
+    event_time_ms: i64,
     limits: Limits,
+}
+
+impl Context {
+    /// Whether an entry with expiry `e` is expired in this batch (`expiry <= threshold`).
+    fn expired(&self, e: Expiry) -> bool {
+        e.at_ms <= if e.event_time { self.watermark_ms } else { self.processing_time_ms }
+    }
 }
 
 /// The state of one call of a [`KeyedDriver`]: the key's entries as the call changed
@@ -154,12 +197,15 @@ fn clamp_u32(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
+/// What an expiry index key adds to its entry's store key.
+const EXPIRY_INDEX_OVERHEAD_BYTES: usize = 2 + 1 + 16;
+
 impl CallInner {
-    fn check(&self, name: &str, kind: VariableKind) -> Raw<()> {
-        if self.variables.iter().any(|v| v.name == name && v.kind == kind) {
-            Ok(())
-        } else {
-            Err(t::StateError::UnknownVariable(name.to_owned()))
+    /// Checks that `name` is a declared variable of `kind`; its TTL.
+    fn check(&self, name: &str, kind: VariableKind) -> Raw<Option<Ttl>> {
+        match self.variables.iter().find(|v| v.name == name && v.kind == kind) {
+            Some(v) => Ok(v.ttl),
+            None => Err(t::StateError::UnknownVariable(name.to_owned())),
         }
     }
 
@@ -170,6 +216,11 @@ impl CallInner {
 
     fn checked_key_len(len: usize) -> Raw<()> {
         if len > KEY_BYTES_MAX { Err(t::StateError::KeyTooLong(clamp_u32(len))) } else { Ok(()) }
+    }
+
+    /// The length check of an entry's store key, with room for its index key under a TTL.
+    fn checked_entry_len(len: usize, ttl: Option<Ttl>) -> Raw<()> {
+        Self::checked_key_len(len + if ttl.is_some() { EXPIRY_INDEX_OVERHEAD_BYTES } else { 0 })
     }
 
     fn checked_value(&self, value: &[u8]) -> Raw<()> {
@@ -186,10 +237,16 @@ impl CallInner {
     }
 
     fn stage(&mut self, id: EntryId) -> Raw<()> {
-        if !self.touched.contains(&id) && self.touched.len() >= self.writes_max() {
+        self.stage_all(vec![id])
+    }
+
+    /// Stages every entry of one request, or none of them (over the write limit).
+    fn stage_all(&mut self, ids: Vec<EntryId>) -> Raw<()> {
+        let new = ids.iter().collect::<BTreeSet<_>>().into_iter().filter(|id| !self.touched.contains(*id)).count();
+        if self.touched.len() + new > self.writes_max() {
             return Err(self.too_many_entries());
         }
-        self.touched.insert(id);
+        self.touched.extend(ids);
         Ok(())
     }
 
@@ -198,77 +255,137 @@ impl CallInner {
         if count > self.writes_max() { Err(self.too_many_entries()) } else { Ok(()) }
     }
 
+    /// The expiry an entry written now with `ttl` gets.
+    fn expiry_of(&self, ttl: Option<Ttl>) -> Option<Expiry> {
+        let ttl = ttl?;
+        Some(match ttl.clock {
+            TtlClock::ProcessingTime => {
+                Expiry { event_time: false, at_ms: self.ctx.processing_time_ms.saturating_add(ttl.duration_ms) }
+            }
+            TtlClock::EventTime => {
+                Expiry { event_time: true, at_ms: self.ctx.event_time_ms.saturating_add(ttl.duration_ms) }
+            }
+        })
+    }
+
+    fn live(&self, stored: &Stored) -> bool {
+        !stored.expiry.is_some_and(|e| self.ctx.expired(e))
+    }
+
+    /// The entries that writing (or removing, `new` none) entry `id` of a variable with
+    /// `ttl` stages: with a TTL the removal of the old index entry and the new one.
+    fn entry_ids(id: EntryId, ttl: Option<Ttl>, old: Option<&Stored>, new: Option<Option<Expiry>>) -> Vec<EntryId> {
+        let mut ids = Vec::with_capacity(3);
+        if ttl.is_some()
+            && let Some(e) = old.and_then(|s| s.expiry)
+        {
+            ids.push(EntryId::Index(e, Box::new(id.clone())));
+        }
+        if let Some(Some(e)) = new {
+            ids.push(EntryId::Index(e, Box::new(id.clone())));
+        }
+        ids.push(id);
+        ids
+    }
+
     fn value_set(&mut self, name: &str, value: &[u8]) -> Raw<()> {
-        self.check(name, VariableKind::Value)?;
+        let ttl = self.check(name, VariableKind::Value)?;
         self.checked_value(value)?;
-        Self::checked_key_len(self.prefix_bytes() + 1 + name.len())?;
-        self.stage(EntryId::Value(name.to_owned()))?;
-        self.data.values.insert(name.to_owned(), value.to_vec());
+        Self::checked_entry_len(self.prefix_bytes() + 1 + name.len(), ttl)?;
+        let expiry = self.expiry_of(ttl);
+        let ids = Self::entry_ids(EntryId::Value(name.to_owned()), ttl, self.data.values.get(name), Some(expiry));
+        self.stage_all(ids)?;
+        self.data.values.insert(name.to_owned(), Stored { bytes: value.to_vec(), expiry });
         Ok(())
     }
 
     fn value_clear(&mut self, name: &str) -> Raw<()> {
-        self.check(name, VariableKind::Value)?;
-        Self::checked_key_len(self.prefix_bytes() + 1 + name.len())?;
-        self.stage(EntryId::Value(name.to_owned()))?;
+        let ttl = self.check(name, VariableKind::Value)?;
+        Self::checked_entry_len(self.prefix_bytes() + 1 + name.len(), ttl)?;
+        let ids = Self::entry_ids(EntryId::Value(name.to_owned()), ttl, self.data.values.get(name), None);
+        self.stage_all(ids)?;
         self.data.values.remove(name);
         Ok(())
     }
 
     fn list_append(&mut self, name: &str, value: &[u8]) -> Raw<()> {
-        self.check(name, VariableKind::List)?;
+        let ttl = self.check(name, VariableKind::List)?;
         self.checked_value(value)?;
         let next = self.data.lists.get(name).map_or(0, |l| l.next);
-        Self::checked_key_len(self.prefix_bytes() + 2 + name.len() + 16)?;
-        let meta_staged = self.touched.contains(&EntryId::ListNext(name.to_owned()));
-        if self.touched.len() + 1 + usize::from(!meta_staged) > self.writes_max() {
-            return Err(self.too_many_entries());
-        }
-        self.stage(EntryId::ListElement(name.to_owned(), next))?;
-        self.stage(EntryId::ListNext(name.to_owned()))?;
+        Self::checked_entry_len(self.prefix_bytes() + 2 + name.len() + 16, ttl)?;
+        let expiry = self.expiry_of(ttl);
+        let mut ids = Self::entry_ids(EntryId::ListElement(name.to_owned(), next), ttl, None, Some(expiry));
+        ids.push(EntryId::ListNext(name.to_owned()));
+        self.stage_all(ids)?;
         let list = self.data.lists.entry(name.to_owned()).or_default();
-        list.elements.insert(next, value.to_vec());
+        list.elements.insert(next, Stored { bytes: value.to_vec(), expiry });
         list.next = next + 1;
         Ok(())
     }
 
+    /// The list's elements not expired, the read checked against the limit over every
+    /// stored element (expired ones not yet removed included), as the host reads them.
+    fn list_live(&self, name: &str) -> Raw<Vec<Vec<u8>>> {
+        let Some(list) = self.data.lists.get(name) else {
+            return Ok(Vec::new());
+        };
+        self.checked_read(list.elements.len())?;
+        Ok(list.elements.values().filter(|s| self.live(s)).map(|s| s.bytes.clone()).collect())
+    }
+
     fn list_clear(&mut self, name: &str) -> Raw<()> {
         self.check(name, VariableKind::List)?;
-        let indices: Vec<u64> =
-            self.data.lists.get(name).map(|l| l.elements.keys().copied().collect()).unwrap_or_default();
-        self.checked_read(indices.len())?;
-        if self.touched.len() + indices.len() + 1 > self.writes_max() {
-            return Err(self.too_many_entries());
+        let elements: Vec<(u64, Option<Expiry>)> = self
+            .data
+            .lists
+            .get(name)
+            .map(|l| l.elements.iter().map(|(i, s)| (*i, s.expiry)).collect())
+            .unwrap_or_default();
+        self.checked_read(elements.len())?;
+        let mut ids = Vec::with_capacity(2 * elements.len() + 1);
+        for (index, expiry) in elements {
+            let id = EntryId::ListElement(name.to_owned(), index);
+            if let Some(e) = expiry {
+                ids.push(EntryId::Index(e, Box::new(id.clone())));
+            }
+            ids.push(id);
         }
-        for index in indices {
-            self.stage(EntryId::ListElement(name.to_owned(), index))?;
-        }
-        self.stage(EntryId::ListNext(name.to_owned()))?;
+        ids.push(EntryId::ListNext(name.to_owned()));
+        self.stage_all(ids)?;
         self.data.lists.remove(name);
         Ok(())
     }
 
-    fn map_key(&self, name: &str, key: &[u8]) -> Raw<()> {
+    fn map_key(&self, name: &str, key: &[u8], ttl: Option<Ttl>) -> Raw<()> {
         let max = self.ctx.limits.state_bytes_max;
         if key.len() as u64 > max {
             return Err(t::StateError::ValueTooLarge(max));
         }
-        Self::checked_key_len(self.prefix_bytes() + 2 + name.len() + 2 * key.len())
+        Self::checked_entry_len(self.prefix_bytes() + 2 + name.len() + 2 * key.len(), ttl)
     }
 
     fn map_put(&mut self, name: &str, key: &[u8], value: &[u8]) -> Raw<()> {
-        self.check(name, VariableKind::Map)?;
-        self.map_key(name, key)?;
+        let ttl = self.check(name, VariableKind::Map)?;
+        self.map_key(name, key, ttl)?;
         self.checked_value(value)?;
-        self.stage(EntryId::MapEntry(name.to_owned(), key.to_vec()))?;
-        self.data.maps.entry(name.to_owned()).or_default().insert(key.to_vec(), value.to_vec());
+        let expiry = self.expiry_of(ttl);
+        let old = self.data.maps.get(name).and_then(|m| m.get(key));
+        let ids = Self::entry_ids(EntryId::MapEntry(name.to_owned(), key.to_vec()), ttl, old, Some(expiry));
+        self.stage_all(ids)?;
+        self.data
+            .maps
+            .entry(name.to_owned())
+            .or_default()
+            .insert(key.to_vec(), Stored { bytes: value.to_vec(), expiry });
         Ok(())
     }
 
     fn map_remove(&mut self, name: &str, key: &[u8]) -> Raw<()> {
-        self.check(name, VariableKind::Map)?;
-        self.map_key(name, key)?;
-        self.stage(EntryId::MapEntry(name.to_owned(), key.to_vec()))?;
+        let ttl = self.check(name, VariableKind::Map)?;
+        self.map_key(name, key, ttl)?;
+        let old = self.data.maps.get(name).and_then(|m| m.get(key));
+        let ids = Self::entry_ids(EntryId::MapEntry(name.to_owned(), key.to_vec()), ttl, old, None);
+        self.stage_all(ids)?;
         if let Some(map) = self.data.maps.get_mut(name) {
             map.remove(key);
         }
@@ -332,7 +449,7 @@ impl TestCall {
     pub(crate) fn value_get(&self, name: &str) -> Raw<Option<Vec<u8>>> {
         let c = self.inner.borrow();
         c.check(name, VariableKind::Value)?;
-        Ok(c.data.values.get(name).cloned())
+        Ok(c.data.values.get(name).filter(|s| c.live(s)).map(|s| s.bytes.clone()))
     }
     pub(crate) fn value_set(&self, name: &str, value: &[u8]) -> Raw<()> {
         self.inner.borrow_mut().value_set(name, value)
@@ -346,24 +463,24 @@ impl TestCall {
     pub(crate) fn list_get(&self, name: &str) -> Raw<Vec<Vec<u8>>> {
         let c = self.inner.borrow();
         c.check(name, VariableKind::List)?;
-        let elements: Vec<Vec<u8>> =
-            c.data.lists.get(name).map(|l| l.elements.values().cloned().collect()).unwrap_or_default();
-        c.checked_read(elements.len())?;
-        Ok(elements)
+        c.list_live(name)
     }
     pub(crate) fn list_len(&self, name: &str) -> Raw<u64> {
         let c = self.inner.borrow();
-        c.check(name, VariableKind::List)?;
-        Ok(c.data.lists.get(name).map_or(0, |l| l.elements.len() as u64))
+        match c.check(name, VariableKind::List)? {
+            // With a TTL the host reads the list; without, it keeps its length.
+            Some(_) => Ok(c.list_live(name)?.len() as u64),
+            None => Ok(c.data.lists.get(name).map_or(0, |l| l.elements.len() as u64)),
+        }
     }
     pub(crate) fn list_clear(&self, name: &str) -> Raw<()> {
         self.inner.borrow_mut().list_clear(name)
     }
     pub(crate) fn map_get(&self, name: &str, key: &[u8]) -> Raw<Option<Vec<u8>>> {
         let c = self.inner.borrow();
-        c.check(name, VariableKind::Map)?;
-        c.map_key(name, key)?;
-        Ok(c.data.maps.get(name).and_then(|m| m.get(key).cloned()))
+        let ttl = c.check(name, VariableKind::Map)?;
+        c.map_key(name, key, ttl)?;
+        Ok(c.data.maps.get(name).and_then(|m| m.get(key)).filter(|s| c.live(s)).map(|s| s.bytes.clone()))
     }
     pub(crate) fn map_put(&self, name: &str, key: &[u8], value: &[u8]) -> Raw<()> {
         self.inner.borrow_mut().map_put(name, key, value)
@@ -374,10 +491,11 @@ impl TestCall {
     pub(crate) fn map_entries(&self, name: &str) -> Raw<Vec<(Vec<u8>, Vec<u8>)>> {
         let c = self.inner.borrow();
         c.check(name, VariableKind::Map)?;
-        let entries: Vec<(Vec<u8>, Vec<u8>)> =
-            c.data.maps.get(name).map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();
-        c.checked_read(entries.len())?;
-        Ok(entries)
+        let Some(map) = c.data.maps.get(name) else {
+            return Ok(Vec::new());
+        };
+        c.checked_read(map.len())?;
+        Ok(map.iter().filter(|(_, s)| c.live(s)).map(|(k, s)| (k.clone(), s.bytes.clone())).collect())
     }
     pub(crate) fn register_timer(&self, expiry_ms: i64, name: Option<&str>) -> Raw<()> {
         self.inner.borrow_mut().register_timer(expiry_ms, name)
@@ -516,7 +634,13 @@ impl BatchResult {
 ///   goes on (the host's `--on-error skip`);
 /// - requests are checked as the host checks them, with its default limits
 ///   (`state_bytes_max` 1 MiB, `state_writes_per_call_max` 10 000,
-///   `timers_per_key_max` 1 000) unless set with the `with_` methods.
+///   `timers_per_key_max` 1 000) unless set with the `with_` methods;
+/// - variables with a TTL: each value, list element and map entry expires at its write
+///   time plus the TTL (processing time, or the call's event time: its latest event or
+///   the watermark if later; the watermark in a timer call; the processing time for
+///   initial state), is invisible from the first batch whose threshold on its clock
+///   reaches the expiry, and is removed then; a TTL'd write stages its index entries
+///   against `state_writes_per_call_max` as the host's do, and `list-len` reads the list.
 pub struct KeyedDriver<F: KeyedFunction> {
     function: F,
     params: Vec<(String, String)>,
@@ -544,6 +668,12 @@ fn check_variables(variables: &[Variable]) -> Result<(), String> {
         if variables[..i].iter().any(|w| w.name == v.name) {
             return Err(format!("init declared variable {:?} twice; give each variable its own name", v.name));
         }
+        if let Some(ttl) = v.ttl.filter(|t| t.duration_ms <= 0) {
+            return Err(format!(
+                "init declared variable {:?} with a TTL of {} ms: a TTL must be greater than zero",
+                v.name, ttl.duration_ms
+            ));
+        }
     }
     Ok(())
 }
@@ -556,12 +686,6 @@ impl<F: KeyedFunction> KeyedDriver<F> {
         let function = F::init(&Params::new(params.clone())).map_err(String::from)?;
         let variables = F::variables();
         check_variables(&variables)?;
-        if let Some(v) = variables.iter().find(|v| v.ttl.is_some()) {
-            return Err(format!(
-                "variable {:?} has a TTL, which the driver does not model yet: test its logic without the TTL",
-                v.name
-            ));
-        }
         Ok(KeyedDriver {
             function,
             params,
@@ -651,10 +775,15 @@ impl<F: KeyedFunction> KeyedDriver<F> {
                 None => groups.push((key, vec![event])),
             }
         }
+        self.remove_expired_entries();
         let expired = self.expired_timers();
 
         for (key, events) in groups {
-            let call = self.call(&key, None, |f, key, state| v2::export::run_process(Some(f), key, events, state));
+            // The call's write time on the event-time clock: its latest event, or the
+            // watermark if that is later.
+            let event_time_ms = events.iter().filter_map(|e| e.event_time_ms).fold(watermark_ms, i64::max);
+            let call = self
+                .call(&key, None, event_time_ms, |f, key, state| v2::export::run_process(Some(f), key, events, state));
             out.calls.push(call);
         }
         for (key, timer) in expired {
@@ -662,8 +791,9 @@ impl<F: KeyedFunction> KeyedDriver<F> {
                 continue; // Deleted by an earlier call of this batch.
             }
             let fired = timer.clone();
-            let call =
-                self.call(&key, Some(timer), |f, key, state| v2::export::run_expired_timer(Some(f), key, fired, state));
+            let call = self.call(&key, Some(timer), watermark_ms, |f, key, state| {
+                v2::export::run_expired_timer(Some(f), key, fired, state)
+            });
             out.calls.push(call);
         }
 
@@ -671,6 +801,17 @@ impl<F: KeyedFunction> KeyedDriver<F> {
             self.watermark_ms = self.watermark_ms.max(max.saturating_sub(self.watermark_delay_ms));
         }
         out
+    }
+
+    /// Removes the entries of variables with a TTL that this batch's thresholds reach,
+    /// as the host does at the start of a batch (all of them: the host's
+    /// `ttl_expirations_per_batch_max` is not modelled, which no read can tell).
+    fn remove_expired_entries(&mut self) {
+        let ctx = self.context();
+        for data in self.keys.values_mut() {
+            data.remove_expired(|e| ctx.expired(e));
+        }
+        self.keys.retain(|_, data| !data.is_empty());
     }
 
     /// The timers held before a batch that its threshold reaches, in firing order.
@@ -697,6 +838,7 @@ impl<F: KeyedFunction> KeyedDriver<F> {
             time_mode: self.time_mode,
             watermark_ms: self.watermark_ms,
             processing_time_ms: self.processing_time_ms,
+            event_time_ms: self.watermark_ms,
             limits: self.limits,
         }
     }
@@ -707,10 +849,12 @@ impl<F: KeyedFunction> KeyedDriver<F> {
         &mut self,
         key: &str,
         timer: Option<Timer>,
+        event_time_ms: i64,
         run: impl FnOnce(&mut F, String, &KeyState<'_>) -> Result<Vec<String>, String>,
     ) -> Call {
         let mut before = self.keys.get(key).cloned().unwrap_or_default();
-        let call = TestCall::new(key, before.clone(), &self.variables, self.context());
+        let ctx = Context { event_time_ms, ..self.context() };
+        let call = TestCall::new(key, before.clone(), &self.variables, ctx);
         if let Some(timer) = &timer {
             before.timers.remove(timer);
             let mut inner = call.inner.borrow_mut();
@@ -759,6 +903,9 @@ impl<F: KeyedFunction> KeyedDriver<F> {
     pub fn initial_state(&mut self, key: &str, state_json: &str) -> Result<(), String> {
         let mut ctx = self.context();
         ctx.watermark_ms = 0;
+        // No watermark before the first batch: an event-time TTL counts from the load's
+        // processing time.
+        ctx.event_time_ms = self.processing_time_ms;
         let call = TestCall::new(key, self.keys.get(key).cloned().unwrap_or_default(), &self.variables, ctx);
         let result = v2::export::run_initial_state(
             Some(&mut self.function),
@@ -970,8 +1117,136 @@ mod tests {
         assert_eq!(d.render_state("v", v2::StatePart::Value, b"x"), None);
     }
 
+    /// Writes TTL'd state: `{"set":"x"}` (value `v`, event-time TTL 100 ms),
+    /// `{"put":["k","x"]}` (map `m`, processing-time TTL 50 ms), `{"append":"x"}` (list
+    /// `l`, event-time TTL 100 ms). Each call outputs what it sees afterwards.
+    struct TtlProbe;
+
+    impl KeyedFunction for TtlProbe {
+        type Key = String;
+        type Event = serde_json::Value;
+        type Output = serde_json::Value;
+
+        fn info() -> PluginInfo {
+            PluginInfo { name: "ttl-probe", version: "0", state_schema_version: 1 }
+        }
+        fn variables() -> Vec<Variable> {
+            vec![
+                Variable::value("v").with_ttl(Ttl::event_time(100)),
+                Variable::map("m").with_ttl(Ttl::processing_time(50)),
+                Variable::list("l").with_ttl(Ttl::event_time(100)),
+            ]
+        }
+        fn init(_: &Params) -> Result<Self, Error> {
+            Ok(TtlProbe)
+        }
+        fn process(
+            &mut self,
+            _: &String,
+            events: Vec<Event<serde_json::Value>>,
+            s: &KeyState<'_>,
+        ) -> Result<Vec<serde_json::Value>, Error> {
+            for e in events {
+                let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+                if let Some(v) = e.value.get("set") {
+                    s.value::<String>("v").set(&text(v))?;
+                }
+                if let Some(kv) = e.value.get("put") {
+                    s.map::<String, String>("m").put(&text(&kv[0]), &text(&kv[1]))?;
+                }
+                if let Some(v) = e.value.get("append") {
+                    s.list::<String>("l").append(&text(v))?;
+                }
+            }
+            Ok(vec![seen(s)?])
+        }
+        fn handle_expired_timer(
+            &mut self,
+            _: &String,
+            _: Timer,
+            s: &KeyState<'_>,
+        ) -> Result<Vec<serde_json::Value>, Error> {
+            s.value::<String>("v").set(&"from a timer".to_owned())?;
+            Ok(vec![seen(s)?])
+        }
+    }
+
+    fn seen(s: &KeyState<'_>) -> Result<serde_json::Value, Error> {
+        Ok(serde_json::json!({
+            "v": s.value::<String>("v").get()?,
+            "m": s.map::<String, String>("m").entries()?,
+            "l": s.list::<String>("l").get()?,
+            "len": s.list::<String>("l").len()?,
+        }))
+    }
+
+    fn ttl_driver() -> KeyedDriver<TtlProbe> {
+        KeyedDriver::<TtlProbe>::new(&[], TimeMode::EventTime).unwrap()
+    }
+
+    #[test]
+    fn ttl_entries_expire_at_their_write_time_plus_the_ttl_each_on_its_clock() {
+        let mut d = ttl_driver();
+        // Written at event time 1000 (the call's latest event), processing time 10.
+        let r = d.run(
+            Batch::new()
+                .processing_time_ms(10)
+                .event_at("a", 990, r#"{"set":"x","append":"e1","put":["k1","1"]}"#)
+                .event_at("a", 1000, "{}"),
+        );
+        assert_eq!(r.output_values()[0]["v"], "x");
+        // k2 at processing time 40 expires at 90, k1 (written at 10) at 60.
+        d.run(Batch::new().processing_time_ms(40).event_at("a", 1040, r#"{"put":["k2","2"],"append":"e2"}"#));
+        let r = d.run(Batch::new().processing_time_ms(60).watermark_ms(1099).event("a", "{}"));
+        let seen = &r.output_values()[0];
+        assert_eq!(seen["v"], "x", "1100 is not reached yet");
+        assert_eq!(seen["m"], serde_json::json!([["k2", "2"]]), "k1 expired at 60, on processing time");
+        assert_eq!((seen["l"].clone(), seen["len"].clone()), (serde_json::json!(["e1", "e2"]), serde_json::json!(2)));
+        let r = d.run(Batch::new().watermark_ms(1100).event("a", "{}"));
+        let seen = &r.output_values()[0];
+        assert_eq!(seen["v"], serde_json::Value::Null, "the value expires at 1000 + 100");
+        assert_eq!((seen["l"].clone(), seen["len"].clone()), (serde_json::json!(["e2"]), serde_json::json!(1)));
+        // Everything gone: the key holds nothing.
+        d.run(Batch::new().processing_time_ms(90).watermark_ms(1140));
+        assert!(d.keys().is_empty(), "{:?}", d.keys());
+    }
+
+    #[test]
+    fn a_rewrite_renews_an_entry_and_stages_its_index_entries() {
+        let mut d = ttl_driver();
+        d.run(Batch::new().processing_time_ms(0).event_at("a", 1000, r#"{"put":["k","1"]}"#));
+        d.run(Batch::new().processing_time_ms(30).event_at("a", 1000, r#"{"put":["k","2"]}"#));
+        let r = d.run(Batch::new().processing_time_ms(60).event("a", "{}"));
+        assert_eq!(r.output_values()[0]["m"], serde_json::json!([["k", "2"]]), "renewed at 30, expires at 80");
+        // A first write stages the entry and its index entry; a rewrite also removes the old index entry.
+        let mut d = ttl_driver().with_state_writes_per_call_max(2);
+        assert!(d.run(Batch::new().event("a", r#"{"put":["k","1"]}"#)).errors().is_empty());
+        let same = d.run(Batch::new().event("a", r#"{"put":["k","2"]}"#));
+        assert!(same.errors().is_empty(), "the same expiry: the same index entry, {:?}", same.errors());
+        let r = d.run(Batch::new().processing_time_ms(10).event("a", r#"{"put":["k","3"]}"#));
+        assert!(r.errors()[0].1.contains("state_writes_per_call_max (2)"), "{:?}", r.calls);
+    }
+
+    #[test]
+    fn a_timer_call_writes_at_the_watermark() {
+        let mut d = ttl_driver();
+        d.key_state("a", |s| s.register_timer(500, None)).unwrap();
+        let r = d.run(Batch::new().watermark_ms(600));
+        assert_eq!(r.output_values()[0]["v"], "from a timer");
+        assert_eq!(d.run(Batch::new().watermark_ms(699).event("a", "{}")).output_values()[0]["v"], "from a timer");
+        assert_eq!(
+            d.run(Batch::new().watermark_ms(700).event("a", "{}")).output_values()[0]["v"],
+            serde_json::Value::Null
+        );
+    }
+
     #[test]
     fn bad_variables_are_refused_at_init() {
+        assert!(
+            check_variables(&[Variable::value("a").with_ttl(Ttl::processing_time(0))])
+                .unwrap_err()
+                .contains("greater than zero")
+        );
         assert!(check_variables(&[Variable::value("a b")]).unwrap_err().contains("ASCII letters"));
         assert!(check_variables(&[Variable::value("a"), Variable::map("a")]).unwrap_err().contains("twice"));
     }
