@@ -18,8 +18,14 @@ variables and timers in memory and runs batches as the host does:
   is replaced by a fresh one from `init` and the batch goes on (`--on-error skip`);
 - requests are checked as the host checks them, with its default limits unless given.
 
-Outputs are JSON text, exactly as the host writes them. Variables with a TTL are not
-modelled: the driver refuses such a plugin.
+- variables with a TTL: each value, list element and map entry expires at its write
+  time plus the TTL (processing time, or the call's event time: its latest event or the
+  watermark if later; the watermark in a timer call; the processing time for initial
+  state), is invisible from the first batch whose threshold on its clock reaches the
+  expiry and is removed then; TTL'd writes stage their index entries against
+  `state_writes_per_call_max` as the host's do, and `list_len` reads a TTL'd list.
+
+Outputs are JSON text, exactly as the host writes them.
 
     from groupstate_sdk.testing import Batch, KeyedDriver
 
@@ -97,18 +103,33 @@ class StateError_KeyTooLong:  # noqa: N801
     value: int
 
 
+# A stored value, list element or map entry: (the plugin's bytes, its expiry), the
+# expiry (event_time, at_ms) for a variable with a TTL, else None.
+_Stored = Tuple[bytes, Optional[Tuple[bool, int]]]
+
+
 @dataclass
 class _List:
     next: int = 0
-    elements: Dict[int, bytes] = field(default_factory=dict)
+    elements: Dict[int, _Stored] = field(default_factory=dict)
 
 
 @dataclass
 class _KeyData:
-    values: Dict[str, bytes] = field(default_factory=dict)
+    values: Dict[str, _Stored] = field(default_factory=dict)
     lists: Dict[str, _List] = field(default_factory=dict)
-    maps: Dict[str, Dict[bytes, bytes]] = field(default_factory=dict)
+    maps: Dict[str, Dict[bytes, _Stored]] = field(default_factory=dict)
     timers: set = field(default_factory=set)
+
+    def remove_expired(self, expired: Callable[[Tuple[bool, int]], bool]) -> None:
+        """Removes the entries `expired` says are, as the host does at a batch's start."""
+        gone = lambda stored: stored[1] is not None and expired(stored[1])  # noqa: E731
+        self.values = {n: v for n, v in self.values.items() if not gone(v)}
+        for lst in self.lists.values():
+            lst.elements = {i: e for i, e in lst.elements.items() if not gone(e)}
+        self.lists = {n: l for n, l in self.lists.items() if l.elements}
+        self.maps = {n: {k: v for k, v in m.items() if not gone(v)} for n, m in self.maps.items()}
+        self.maps = {n: m for n, m in self.maps.items() if m}
 
     def copy(self) -> "_KeyData":
         return _KeyData(
@@ -156,13 +177,52 @@ class TestCall:
         self.data = data
         self.touched: set = set()
         self._kinds = {v.name: v.kind for v in variables}
+        self._ttls = {v.name: v.ttl for v in variables}
         self._ctx = ctx
         self._limits = limits
 
     # Checks.
-    def _check(self, name: str, kind: str) -> None:
+    def _check(self, name: str, kind: str) -> Any:
+        """Checks that `name` is a declared variable of `kind`; its TTL."""
         if self._kinds.get(name) != kind:
             raise Err(StateError_UnknownVariable(name))
+        return self._ttls.get(name)
+
+    def _expired(self, expiry: Tuple[bool, int]) -> bool:
+        event_time, at_ms = expiry
+        return at_ms <= (self._ctx["watermark_ms"] if event_time else self._ctx["processing_time_ms"])
+
+    def _live(self, stored: _Stored) -> bool:
+        return stored[1] is None or not self._expired(stored[1])
+
+    def _expiry_of(self, ttl: Any) -> Optional[Tuple[bool, int]]:
+        if ttl is None:
+            return None
+        if ttl.clock == "event-time":
+            return (True, min(self._ctx["event_time_ms"] + ttl.duration_ms, 2**63 - 1))
+        return (False, min(self._ctx["processing_time_ms"] + ttl.duration_ms, 2**63 - 1))
+
+    @staticmethod
+    def _entry_ids(entry: Tuple, ttl: Any, old: Optional[_Stored], new: Any) -> List[Tuple]:
+        """The entries writing (`new`: the new expiry, or None; `False`: a removal) entry
+        stages: with a TTL the removal of the old index entry and the new one."""
+        ids = []
+        if ttl is not None and old is not None and old[1] is not None:
+            ids.append(("i", old[1], entry))
+        if new is not False and new is not None:
+            ids.append(("i", new, entry))
+        ids.append(entry)
+        return ids
+
+    def _stage_all(self, ids: List[Tuple]) -> None:
+        new = len(set(ids) - self.touched)
+        if len(self.touched) + new > self._max():
+            raise Err(StateError_TooManyEntries(self._max()))
+        self.touched.update(ids)
+
+    @staticmethod
+    def _entry_len(length: int, ttl: Any) -> None:
+        TestCall._key_len(length + (19 if ttl is not None else 0))
 
     def _prefix_bytes(self) -> int:
         return len(self.key.encode()) + sum(1 for c in self.key if c in "\0\x01") + 1
@@ -180,100 +240,106 @@ class TestCall:
         return self._limits.state_writes_per_call_max
 
     def _stage(self, entry: Tuple) -> None:
-        if entry not in self.touched and len(self.touched) >= self._max():
-            raise Err(StateError_TooManyEntries(self._max()))
-        self.touched.add(entry)
+        self._stage_all([entry])
 
     def _read(self, count: int) -> None:
         if count > self._max():
             raise Err(StateError_TooManyEntries(self._max()))
 
-    def _map_key(self, name: str, key: bytes) -> None:
+    def _map_key(self, name: str, key: bytes, ttl: Any) -> None:
         if len(key) > self._limits.state_bytes_max:
             raise Err(StateError_ValueTooLarge(self._limits.state_bytes_max))
-        self._key_len(self._prefix_bytes() + 2 + len(name) + 2 * len(key))
+        self._entry_len(self._prefix_bytes() + 2 + len(name) + 2 * len(key), ttl)
 
     # Value variables.
     def value_get(self, name: str) -> Optional[bytes]:
         self._check(name, VALUE)
-        return self.data.values.get(name)
+        stored = self.data.values.get(name)
+        return stored[0] if stored is not None and self._live(stored) else None
 
     def value_set(self, name: str, value: bytes) -> None:
-        self._check(name, VALUE)
+        ttl = self._check(name, VALUE)
         self._value(value)
-        self._key_len(self._prefix_bytes() + 1 + len(name))
-        self._stage(("v", name))
-        self.data.values[name] = bytes(value)
+        self._entry_len(self._prefix_bytes() + 1 + len(name), ttl)
+        expiry = self._expiry_of(ttl)
+        self._stage_all(self._entry_ids(("v", name), ttl, self.data.values.get(name), expiry))
+        self.data.values[name] = (bytes(value), expiry)
 
     def value_clear(self, name: str) -> None:
-        self._check(name, VALUE)
-        self._key_len(self._prefix_bytes() + 1 + len(name))
-        self._stage(("v", name))
+        ttl = self._check(name, VALUE)
+        self._entry_len(self._prefix_bytes() + 1 + len(name), ttl)
+        self._stage_all(self._entry_ids(("v", name), ttl, self.data.values.get(name), False))
         self.data.values.pop(name, None)
 
     # List variables.
     def list_append(self, name: str, value: bytes) -> None:
-        self._check(name, LIST)
+        ttl = self._check(name, LIST)
         self._value(value)
         lst = self.data.lists.get(name, _List())
-        self._key_len(self._prefix_bytes() + 2 + len(name) + 16)
-        meta_staged = ("n", name) in self.touched
-        if len(self.touched) + 1 + (0 if meta_staged else 1) > self._max():
-            raise Err(StateError_TooManyEntries(self._max()))
-        self._stage(("l", name, lst.next))
-        self._stage(("n", name))
-        lst.elements[lst.next] = bytes(value)
+        self._entry_len(self._prefix_bytes() + 2 + len(name) + 16, ttl)
+        expiry = self._expiry_of(ttl)
+        self._stage_all(self._entry_ids(("l", name, lst.next), ttl, None, expiry) + [("n", name)])
+        lst.elements[lst.next] = (bytes(value), expiry)
         lst.next += 1
         self.data.lists[name] = lst
 
-    def list_get(self, name: str) -> List[bytes]:
-        self._check(name, LIST)
+    def _list_live(self, name: str) -> List[bytes]:
         lst = self.data.lists.get(name, _List())
         self._read(len(lst.elements))
-        return [lst.elements[i] for i in sorted(lst.elements)]
+        return [lst.elements[i][0] for i in sorted(lst.elements) if self._live(lst.elements[i])]
+
+    def list_get(self, name: str) -> List[bytes]:
+        self._check(name, LIST)
+        return self._list_live(name)
 
     def list_len(self, name: str) -> int:
-        self._check(name, LIST)
+        if self._check(name, LIST) is not None:
+            return len(self._list_live(name))  # With a TTL the host reads the list.
         return len(self.data.lists.get(name, _List()).elements)
 
     def list_clear(self, name: str) -> None:
         self._check(name, LIST)
-        indices = sorted(self.data.lists.get(name, _List()).elements)
-        self._read(len(indices))
-        if len(self.touched) + len(indices) + 1 > self._max():
-            raise Err(StateError_TooManyEntries(self._max()))
-        for i in indices:
-            self._stage(("l", name, i))
-        self._stage(("n", name))
+        elements = self.data.lists.get(name, _List()).elements
+        self._read(len(elements))
+        ids: List[Tuple] = []
+        for i in sorted(elements):
+            if elements[i][1] is not None:
+                ids.append(("i", elements[i][1], ("l", name, i)))
+            ids.append(("l", name, i))
+        self._stage_all(ids + [("n", name)])
         self.data.lists.pop(name, None)
 
     # Map variables.
     def map_get(self, name: str, key: bytes) -> Optional[bytes]:
-        self._check(name, MAP)
-        self._map_key(name, key)
-        return self.data.maps.get(name, {}).get(bytes(key))
+        ttl = self._check(name, MAP)
+        self._map_key(name, key, ttl)
+        stored = self.data.maps.get(name, {}).get(bytes(key))
+        return stored[0] if stored is not None and self._live(stored) else None
 
     def map_contains(self, name: str, key: bytes) -> bool:
         return self.map_get(name, key) is not None
 
     def map_put(self, name: str, key: bytes, value: bytes) -> None:
-        self._check(name, MAP)
-        self._map_key(name, key)
+        ttl = self._check(name, MAP)
+        self._map_key(name, key, ttl)
         self._value(value)
-        self._stage(("m", name, bytes(key)))
-        self.data.maps.setdefault(name, {})[bytes(key)] = bytes(value)
+        expiry = self._expiry_of(ttl)
+        old = self.data.maps.get(name, {}).get(bytes(key))
+        self._stage_all(self._entry_ids(("m", name, bytes(key)), ttl, old, expiry))
+        self.data.maps.setdefault(name, {})[bytes(key)] = (bytes(value), expiry)
 
     def map_remove(self, name: str, key: bytes) -> None:
-        self._check(name, MAP)
-        self._map_key(name, key)
-        self._stage(("m", name, bytes(key)))
+        ttl = self._check(name, MAP)
+        self._map_key(name, key, ttl)
+        old = self.data.maps.get(name, {}).get(bytes(key))
+        self._stage_all(self._entry_ids(("m", name, bytes(key)), ttl, old, False))
         self.data.maps.get(name, {}).pop(bytes(key), None)
 
     def map_entries(self, name: str) -> List[Tuple[bytes, bytes]]:
         self._check(name, MAP)
         entries = sorted(self.data.maps.get(name, {}).items())
         self._read(len(entries))
-        return entries
+        return [(k, v[0]) for k, v in entries if self._live(v)]
 
     def map_keys(self, name: str) -> List[bytes]:
         return [k for k, _ in self.map_entries(name)]
@@ -418,9 +484,6 @@ class KeyedDriver:
             _check_variables(variables)
         except Exception as error:  # noqa: BLE001
             raise ValueError(_message(error)) from None
-        ttl = [v.name for v in variables if v.ttl is not None]
-        if ttl:
-            raise ValueError(f"variable {ttl[0]!r} has a TTL, which the driver does not model yet: test its logic without the TTL")
         self.variables = variables
         self.function = self._init()
         self._keys: Dict[str, _KeyData] = {}
@@ -438,8 +501,13 @@ class KeyedDriver:
         """The watermark the next batch gets unless it sets one (0 before any event time)."""
         return self._watermark_ms
 
-    def _context(self) -> Dict[str, Any]:
-        return {"time_mode": self.time_mode, "watermark_ms": self._watermark_ms, "processing_time_ms": self._processing_time_ms}
+    def _context(self, event_time_ms: Optional[int] = None) -> Dict[str, Any]:
+        return {
+            "time_mode": self.time_mode,
+            "watermark_ms": self._watermark_ms,
+            "processing_time_ms": self._processing_time_ms,
+            "event_time_ms": self._watermark_ms if event_time_ms is None else event_time_ms,
+        }
 
     def run(self, batch: Batch) -> BatchResult:
         """Runs one batch. `AssertionError` if its watermark is below the previous one's."""
@@ -461,19 +529,30 @@ class KeyedDriver:
             if time_ms is not None:
                 max_time = time_ms if max_time is None else max(max_time, time_ms)
             groups.setdefault(key, []).append(_Wit_Event(time_ms, payload))
+        self._remove_expired_entries()
         expired = self._expired_timers()
 
         for key, events in groups.items():
-            result.calls.append(self._call(key, None, lambda f, handle, k=key, e=events: run_process(f, k, e, handle)))
+            # The call's write time on the event-time clock: its latest event, or the watermark.
+            written = max([watermark] + [e.event_time_ms for e in events if e.event_time_ms is not None])
+            result.calls.append(self._call(key, None, lambda f, handle, k=key, e=events: run_process(f, k, e, handle), written))
         for key, timer in expired:
             if timer not in self._keys.get(key, _KeyData()).timers:
                 continue  # Deleted by an earlier call of this batch.
             wit_timer = _Wit_Timer(timer.expiry_ms, timer.name)
-            result.calls.append(self._call(key, timer, lambda f, handle, k=key, t=wit_timer: run_expired_timer(f, k, t, handle)))
+            result.calls.append(self._call(key, timer, lambda f, handle, k=key, t=wit_timer: run_expired_timer(f, k, t, handle), watermark))
 
         if max_time is not None:
             self._watermark_ms = max(self._watermark_ms, max_time - self.watermark_delay_ms)
         return result
+
+    def _remove_expired_entries(self) -> None:
+        """Removes the entries of TTL'd variables this batch's thresholds reach (all of
+        them: `ttl_expirations_per_batch_max` is not modelled, which no read can tell)."""
+        probe = TestCall("", _KeyData(), self.variables, self._context(), self.limits)
+        for data in self._keys.values():
+            data.remove_expired(probe._expired)
+        self._keys = {k: d for k, d in self._keys.items() if not d.is_empty()}
 
     def _expired_timers(self) -> List[Tuple[str, Timer]]:
         if self.time_mode == "none":
@@ -488,11 +567,11 @@ class KeyedDriver:
         expired.sort(key=lambda e: e[:4])
         return [(e[4], e[5]) for e in expired[: self.limits.timeouts_per_batch_max]]
 
-    def _call(self, key: str, timer: Optional[Timer], run: Callable[[KeyedFunction, TestCall], List[str]]) -> Call:
+    def _call(self, key: str, timer: Optional[Timer], run: Callable[[KeyedFunction, TestCall], List[str]], written: int) -> Call:
         before = self._keys.get(key, _KeyData()).copy()
         if timer is not None:
             before.timers.discard(timer)
-        call = TestCall(key, before.copy(), self.variables, self._context(), self.limits)
+        call = TestCall(key, before.copy(), self.variables, self._context(written), self.limits)
         if timer is not None:
             call.touched.add(("t", timer))
         try:
@@ -524,7 +603,8 @@ class KeyedDriver:
         """Calls `handle_initial_state` for `key` with `state_json` (a value, or JSON text),
         at watermark 0; returns `None`, or the call's error (nothing is then kept)."""
         text = state_json if isinstance(state_json, str) else json.dumps(state_json)
-        ctx = {**self._context(), "watermark_ms": 0}
+        # No watermark before the first batch: an event-time TTL counts from the processing time.
+        ctx = {**self._context(self._processing_time_ms), "watermark_ms": 0}
         call = TestCall(key, self._keys.get(key, _KeyData()).copy(), self.variables, ctx, self.limits)
         try:
             run_initial_state(self.function, key, text, call)

@@ -203,8 +203,78 @@ class DriverTest(unittest.TestCase):
             variables = [Variable.value("a").with_ttl(Ttl.event_time(1000))]
 
         self.assertEqual(export(WithTtl)().init([]), [("a", "value", (1000, "event-time"))])
+
+        class ZeroTtl(Probe):
+            variables = [Variable.value("a").with_ttl(Ttl.processing_time(0))]
+
         with self.assertRaisesRegex(ValueError, "TTL"):
-            KeyedDriver(WithTtl)
+            KeyedDriver(ZeroTtl)
+
+
+class TtlProbe(KeyedFunction):
+    """{"set": x} (value v, event-time TTL 100), {"put": [k, x]} (map m, processing-time
+    TTL 50), {"append": x} (list l, event-time TTL 100); each call outputs what it sees."""
+
+    name = "ttl-probe"
+    variables = [
+        Variable.value("v").with_ttl(Ttl.event_time(100)),
+        Variable.map("m").with_ttl(Ttl.processing_time(50)),
+        Variable.list("l").with_ttl(Ttl.event_time(100)),
+    ]
+
+    def process(self, key, events, state):
+        for event in events:
+            ops = event.value
+            if "set" in ops:
+                state.value("v").set(ops["set"])
+            if "put" in ops:
+                state.map("m").put(*ops["put"])
+            if "append" in ops:
+                state.list("l").append(ops["append"])
+        return [self.seen(state)]
+
+    def handle_expired_timer(self, key, timer, state):
+        state.value("v").set("from a timer")
+        return [self.seen(state)]
+
+    @staticmethod
+    def seen(state):
+        return {"v": state.value("v").get(), "m": state.map("m").entries(), "l": state.list("l").get(), "len": state.list("l").len()}
+
+
+class TtlTest(unittest.TestCase):
+    def test_entries_expire_at_their_write_time_plus_the_ttl_each_on_its_clock(self):
+        d = KeyedDriver(TtlProbe)
+        r = d.run(Batch(processing_time_ms=10).event_at("a", 990, {"set": "x", "append": "e1", "put": ["k1", 1]}).event_at("a", 1000, {}))
+        self.assertEqual(r.output_values()[0]["v"], "x")
+        d.run(Batch(processing_time_ms=40).event_at("a", 1040, {"put": ["k2", 2], "append": "e2"}))
+        seen = d.run(Batch(processing_time_ms=60, watermark_ms=1099).event("a", {})).output_values()[0]
+        self.assertEqual(seen["v"], "x", "1100 is not reached yet")
+        self.assertEqual(seen["m"], [["k2", 2]], "k1 expired at 60, on processing time")
+        self.assertEqual((seen["l"], seen["len"]), (["e1", "e2"], 2))
+        seen = d.run(Batch(watermark_ms=1100).event("a", {})).output_values()[0]
+        self.assertIsNone(seen["v"], "the value expires at 1000 + 100")
+        self.assertEqual((seen["l"], seen["len"]), (["e2"], 1))
+        d.run(Batch(processing_time_ms=90, watermark_ms=1140))
+        self.assertEqual(d.keys(), [])
+
+    def test_a_rewrite_renews_an_entry_and_stages_its_index_entries(self):
+        d = KeyedDriver(TtlProbe)
+        d.run(Batch(processing_time_ms=0).event_at("a", 1000, {"put": ["k", 1]}))
+        d.run(Batch(processing_time_ms=30).event_at("a", 1000, {"put": ["k", 2]}))
+        self.assertEqual(d.run(Batch(processing_time_ms=60).event("a", {})).output_values()[0]["m"], [["k", 2]])
+        d = KeyedDriver(TtlProbe, state_writes_per_call_max=2)
+        self.assertEqual(d.run(Batch().event("a", {"put": ["k", 1]})).errors(), [])
+        self.assertEqual(d.run(Batch().event("a", {"put": ["k", 2]})).errors(), [], "the same expiry: the same index entry")
+        r = d.run(Batch(processing_time_ms=10).event("a", {"put": ["k", 3]}))
+        self.assertIn("state_writes_per_call_max (2)", r.errors()[0][1])
+
+    def test_a_timer_call_writes_at_the_watermark(self):
+        d = KeyedDriver(TtlProbe)
+        d.key_state("a", lambda s: s.register_timer(500))
+        self.assertEqual(d.run(Batch(watermark_ms=600)).output_values()[0]["v"], "from a timer")
+        self.assertEqual(d.run(Batch(watermark_ms=699).event("a", {})).output_values()[0]["v"], "from a timer")
+        self.assertIsNone(d.run(Batch(watermark_ms=700).event("a", {})).output_values()[0]["v"])
 
 
 if __name__ == "__main__":
