@@ -124,6 +124,35 @@ fn js_sessions_match_the_oracle_at_every_batch_size_and_across_a_restart() {
     check_sessions(plugins::SESSIONS_JS);
 }
 
+/// The Python SDK's `KeyedDriver` is a model of the host: over the same input, split
+/// into the same batches, it gives the Python plugin the same calls, so its outputs are
+/// the host's line for line, in order (the oracle test above compares sorted sets).
+#[test]
+fn the_python_driver_gives_the_hosts_outputs_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let views = views(3_000, 150, 21);
+    let input = write_input(dir.path(), &views);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned();
+    for batch_events in [1_000, 37] {
+        let run_dir = dir.path().join(format!("b{batch_events}"));
+        run(config(plugins::SESSIONS_PY, &input, &run_dir, batch_events), NOW_MS);
+        let host = std::fs::read_to_string(run_dir.join("out.jsonl")).unwrap();
+        assert!(host.lines().count() > 50, "the workload should close many sessions");
+        let driver = std::process::Command::new("python3")
+            .arg(root.join("tests/python_driver.py"))
+            .arg(root.join("plugins/sessions-py"))
+            .args(["sessions", "Sessions"])
+            .arg(&input)
+            .args([batch_events.to_string(), DELAY_MS.to_string(), "user".into(), "ts".into()])
+            .env("PYTHONPATH", root.join("guest-sdk/python"))
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .output()
+            .expect("run python3 (tests/setup.sh installs it)");
+        assert!(driver.status.success(), "{}", String::from_utf8_lossy(&driver.stderr));
+        assert_eq!(String::from_utf8(driver.stdout).unwrap(), host, "batch size {batch_events}");
+    }
+}
+
 fn check_sessions(plugin: &str) {
     let dir = tempfile::tempdir().unwrap();
     let views = views(12_000, 150, 5);
