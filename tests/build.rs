@@ -19,7 +19,16 @@ use std::process::{Child, Command, Stdio};
 /// Each folder has a `build.sh OUT.wasm`, which installs the SDK as a user's plugin does.
 const OTHER_LANGUAGES: &[(&str, &str, &str, &str)] = &[
     ("sensor-alerts-py", "python", "sensor_alerts_py", "pip install componentize-py==0.25.1"),
+    ("sessions-py", "python", "sessions_py", "pip install componentize-py==0.25.1"),
     ("sensor-alerts-js", "js", "sensor_alerts_js", "Node.js 20+ and npm (build.sh runs npm ci)"),
+    ("sessions-js", "js", "sessions_js", "Node.js 20+ and npm (build.sh runs npm ci)"),
+    (
+        "inactivity-alert-v2-c",
+        "c",
+        "inactivity_alert_v2_c",
+        "apt-get install -y clang-14 lld-14 wasi-libc libclang-rt-14-dev-wasm32 and \
+         cargo install wit-bindgen-cli@0.61.1 --locked --no-default-features --features c",
+    ),
     (
         "sensor-alerts-c",
         "c",

@@ -20,6 +20,9 @@ cargo build --release --workspace
 echo "== guest-sdk and plugin unit tests (native)"
 CARGO_TARGET_DIR=target/guest-native cargo test --manifest-path guest-sdk/Cargo.toml 2>&1 | tee -a "$log"
 CARGO_TARGET_DIR=target/guest-native cargo test --manifest-path plugins/Cargo.toml --workspace 2>&1 | tee -a "$log"
+echo "== Python SDK and plugin unit tests (plain Python, the 0.2 layer and its KeyedDriver)"
+(cd guest-sdk/python && python3 -m unittest discover -s tests)
+(cd plugins/sessions-py && PYTHONPATH=../../guest-sdk/python python3 -m unittest)
 echo "== host unit tests and end-to-end tests"
 cargo test --release --workspace -- --skip crash:: 2>&1 | tee -a "$log"
 echo "== crash test (kill -9 at random moments; prints its seed and kill count)"

@@ -482,6 +482,7 @@ bool gs_json_string_is(gs_str value, const char *text) {
   return is;
 }
 
+#ifndef GS_KEYED
 // ---- group state ---------------------------------------------------------------------
 
 bool gs_state_has_timed_out(gs_state state) { return groupstate_plugin_state_method_group_state_has_timed_out(state); }
@@ -555,11 +556,14 @@ bool gs_state_set_timeout_timestamp(gs_state state, int64_t timestamp_ms, bool *
   return state_error(&error, timestamp_ms, err);
 }
 
+#endif
+
 void gs_log(groupstate_plugin_log_level_t level, const char *message) {
   state_function_string_t text = {(uint8_t *)message, strlen(message)};
   groupstate_plugin_log_log(level, &text);
 }
 
+#ifndef GS_KEYED
 bool gs_export_process(gs_process_fn process, bool initialized, state_function_string_t *key,
                        state_function_list_event_t *events, gs_state state, state_function_list_string_t *ret,
                        state_function_string_t *err) {
@@ -580,3 +584,4 @@ bool gs_export_process(gs_process_fn process, bool initialized, state_function_s
   state_function_list_event_free(events);
   return ok;
 }
+#endif

@@ -18,7 +18,24 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef GS_KEYED
+// The 0.2 world (`keyed-state-function`, built with `build-component.sh --world
+// keyed-state-function`, see groupstate_v2.h). The shared helpers below are written with
+// the 0.1 world's type names; the 0.2 bindings have the same types under their world's
+// prefix, so the names are mapped onto them.
+#include "keyed_state_function.h"
+#define state_function_string_t keyed_state_function_string_t
+#define state_function_list_u8_t keyed_state_function_list_u8_t
+#define state_function_list_string_t keyed_state_function_list_string_t
+#define state_function_list_event_t keyed_state_function_list_event_t
+#define state_function_list_tuple2_string_string_t keyed_state_function_list_tuple2_string_string_t
+#define state_function_string_dup keyed_state_function_string_dup
+#define state_function_string_free keyed_state_function_string_free
+#define state_function_list_string_free keyed_state_function_list_string_free
+#define state_function_list_event_free keyed_state_function_list_event_free
+#else
 #include "state_function.h"
+#endif
 
 // A view of bytes (not NUL-terminated), such as a JSON value inside a payload.
 typedef struct {
@@ -66,6 +83,7 @@ bool gs_json_i64(gs_str value, int64_t *out);
 // Whether a raw JSON value is the string `text` (escapes decoded).
 bool gs_json_string_is(gs_str value, const char *text);
 
+#ifndef GS_KEYED
 // The group-state handle. Values are bytes; the plugin encodes its own state.
 typedef state_function_borrow_group_state_t gs_state;
 
@@ -97,6 +115,8 @@ typedef bool (*gs_process_fn)(const state_function_string_t *key, const state_fu
 bool gs_export_process(gs_process_fn process, bool initialized, state_function_string_t *key,
                        state_function_list_event_t *events, gs_state state, state_function_list_string_t *ret,
                        state_function_string_t *err);
+
+#endif
 
 // Writes one message to the host's log.
 void gs_log(groupstate_plugin_log_level_t level, const char *message);

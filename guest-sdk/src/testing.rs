@@ -1,4 +1,7 @@
-//! Run a [`StateFunction`] natively, without a host: an in-memory [`TestState`] with the host's rules (Spark's `TestGroupState`).
+//! Run a plugin natively, without a host: for a 0.1 [`StateFunction`], an in-memory
+//! [`TestState`] with the host's rules (Spark's `TestGroupState`); for a 0.2
+//! [`KeyedFunction`](crate::v2::KeyedFunction), a [`KeyedDriver`] that runs it over
+//! several keys and batches (see [`keyed`]).
 //!
 //! ```
 //! use groupstate_sdk::testing::{self, TestState};
@@ -43,6 +46,9 @@
 //! assert_eq!(state.timeout_ms(), Some(61_000));
 //! ```
 
+pub mod keyed;
+
+pub use keyed::{Batch, BatchResult, Call, KeyedDriver};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 

@@ -39,6 +39,151 @@ pub mod wit {
 use wit::groupstate::plugin::state::KeyState as Handle;
 use wit::groupstate::plugin::types as t;
 
+/// The raw result of a state request: the WIT's error on refusal.
+type Raw<T> = Result<T, t::StateError>;
+
+/// Where a [`KeyState`] reads and writes: the host's handle, or the in-memory state of
+/// a [`testing::KeyedDriver`](crate::testing::KeyedDriver) call in native tests.
+#[derive(Clone, Copy)]
+enum Backend<'a> {
+    Host(&'a Handle),
+    Test(&'a crate::testing::keyed::TestCall),
+}
+
+impl Backend<'_> {
+    fn value_get(&self, name: &str) -> Raw<Option<Vec<u8>>> {
+        match self {
+            Backend::Host(h) => h.value_get(name),
+            Backend::Test(c) => c.value_get(name),
+        }
+    }
+    fn value_set(&self, name: &str, value: &[u8]) -> Raw<()> {
+        match self {
+            Backend::Host(h) => h.value_set(name, value),
+            Backend::Test(c) => c.value_set(name, value),
+        }
+    }
+    fn value_clear(&self, name: &str) -> Raw<()> {
+        match self {
+            Backend::Host(h) => h.value_clear(name),
+            Backend::Test(c) => c.value_clear(name),
+        }
+    }
+    fn list_append(&self, name: &str, value: &[u8]) -> Raw<()> {
+        match self {
+            Backend::Host(h) => h.list_append(name, value),
+            Backend::Test(c) => c.list_append(name, value),
+        }
+    }
+    fn list_get(&self, name: &str) -> Raw<Vec<Vec<u8>>> {
+        match self {
+            Backend::Host(h) => h.list_get(name),
+            Backend::Test(c) => c.list_get(name),
+        }
+    }
+    fn list_len(&self, name: &str) -> Raw<u64> {
+        match self {
+            Backend::Host(h) => h.list_len(name),
+            Backend::Test(c) => c.list_len(name),
+        }
+    }
+    fn list_clear(&self, name: &str) -> Raw<()> {
+        match self {
+            Backend::Host(h) => h.list_clear(name),
+            Backend::Test(c) => c.list_clear(name),
+        }
+    }
+    fn map_get(&self, name: &str, key: &[u8]) -> Raw<Option<Vec<u8>>> {
+        match self {
+            Backend::Host(h) => h.map_get(name, key),
+            Backend::Test(c) => c.map_get(name, key),
+        }
+    }
+    fn map_contains(&self, name: &str, key: &[u8]) -> Raw<bool> {
+        match self {
+            Backend::Host(h) => h.map_contains(name, key),
+            Backend::Test(c) => c.map_get(name, key).map(|v| v.is_some()),
+        }
+    }
+    fn map_put(&self, name: &str, key: &[u8], value: &[u8]) -> Raw<()> {
+        match self {
+            Backend::Host(h) => h.map_put(name, key, value),
+            Backend::Test(c) => c.map_put(name, key, value),
+        }
+    }
+    fn map_remove(&self, name: &str, key: &[u8]) -> Raw<()> {
+        match self {
+            Backend::Host(h) => h.map_remove(name, key),
+            Backend::Test(c) => c.map_remove(name, key),
+        }
+    }
+    fn map_keys(&self, name: &str) -> Raw<Vec<Vec<u8>>> {
+        match self {
+            Backend::Host(h) => h.map_keys(name),
+            Backend::Test(c) => c.map_entries(name).map(|e| e.into_iter().map(|(k, _)| k).collect()),
+        }
+    }
+    fn map_entries(&self, name: &str) -> Raw<Vec<(Vec<u8>, Vec<u8>)>> {
+        match self {
+            Backend::Host(h) => h.map_entries(name),
+            Backend::Test(c) => c.map_entries(name),
+        }
+    }
+    fn register_timer(&self, expiry_ms: i64, name: Option<&str>) -> Raw<()> {
+        match self {
+            Backend::Host(h) => h.register_timer(expiry_ms, name),
+            Backend::Test(c) => c.register_timer(expiry_ms, name),
+        }
+    }
+    fn delete_timer(&self, expiry_ms: i64, name: Option<&str>) -> Raw<()> {
+        match self {
+            Backend::Host(h) => h.delete_timer(expiry_ms, name),
+            Backend::Test(c) => c.delete_timer(expiry_ms, name),
+        }
+    }
+    fn list_timers(&self) -> Raw<Vec<Timer>> {
+        match self {
+            Backend::Host(h) => {
+                Ok(h.list_timers()?.into_iter().map(|t| Timer { expiry_ms: t.expiry_ms, name: t.name }).collect())
+            }
+            Backend::Test(c) => c.list_timers(),
+        }
+    }
+    fn time_mode(&self) -> TimeMode {
+        match self {
+            Backend::Host(h) => match h.time_mode() {
+                t::TimeMode::None => TimeMode::None,
+                t::TimeMode::ProcessingTime => TimeMode::ProcessingTime,
+                t::TimeMode::EventTime => TimeMode::EventTime,
+            },
+            Backend::Test(c) => c.time_mode(),
+        }
+    }
+    fn current_watermark_ms(&self) -> i64 {
+        match self {
+            Backend::Host(h) => h.current_watermark_ms(),
+            Backend::Test(c) => c.watermark_ms(),
+        }
+    }
+    fn current_processing_time_ms(&self) -> i64 {
+        match self {
+            Backend::Host(h) => h.current_processing_time_ms(),
+            Backend::Test(c) => c.processing_time_ms(),
+        }
+    }
+}
+
+/// The time a pipeline's timers are in, fixed per pipeline (the host's `--timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeMode {
+    /// No timers: registering one fails.
+    None,
+    /// Timers fire in the first batch whose processing time is at or after their expiry.
+    ProcessingTime,
+    /// Timers fire in the first batch whose watermark is at or after their expiry.
+    EventTime,
+}
+
 /// The kind of a state variable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VariableKind {
@@ -158,7 +303,7 @@ pub struct Timer {
 }
 
 /// A request the host refused: what and why, and what to do.
-fn refused(what: &str, e: t::StateError) -> Error {
+pub(crate) fn refused(what: &str, e: t::StateError) -> Error {
     let why = match e {
         t::StateError::UnknownVariable(name) => {
             format!("no variable {name:?} of this kind is declared: add it to KeyedFunction::variables")
@@ -237,10 +382,18 @@ impl MapKey for i64 {
 
 /// A key's variables and timers during one call.
 pub struct KeyState<'a> {
-    handle: &'a Handle,
+    handle: Backend<'a>,
 }
 
 impl<'a> KeyState<'a> {
+    pub(crate) fn from_test(call: &'a crate::testing::keyed::TestCall) -> Self {
+        KeyState { handle: Backend::Test(call) }
+    }
+
+    fn from_host(handle: &'a Handle) -> Self {
+        KeyState { handle: Backend::Host(handle) }
+    }
+
     /// Value variable `name`, holding a `T`.
     pub fn value<T: Serialize + DeserializeOwned>(&self, name: &'static str) -> ValueState<'a, T> {
         ValueState { handle: self.handle, name, t: PhantomData }
@@ -269,8 +422,12 @@ impl<'a> KeyState<'a> {
 
     /// The key's timers in (expiry, name) order; the one being handled is not among them.
     pub fn timers(&self) -> Result<Vec<Timer>, Error> {
-        let timers = self.handle.list_timers().map_err(|e| refused("list-timers", e))?;
-        Ok(timers.into_iter().map(|t| Timer { expiry_ms: t.expiry_ms, name: t.name }).collect())
+        self.handle.list_timers().map_err(|e| refused("list-timers", e))
+    }
+
+    /// The pipeline's time mode (its `--timeout`).
+    pub fn time_mode(&self) -> TimeMode {
+        self.handle.time_mode()
     }
 
     /// The batch's watermark (epoch milliseconds), constant within the batch.
@@ -286,7 +443,7 @@ impl<'a> KeyState<'a> {
 
 /// A value variable.
 pub struct ValueState<'a, T> {
-    handle: &'a Handle,
+    handle: Backend<'a>,
     name: &'static str,
     t: PhantomData<T>,
 }
@@ -311,7 +468,7 @@ impl<T: Serialize + DeserializeOwned> ValueState<'_, T> {
 
 /// A list variable: elements in append order, each stored on its own.
 pub struct ListState<'a, T> {
-    handle: &'a Handle,
+    handle: Backend<'a>,
     name: &'static str,
     t: PhantomData<T>,
 }
@@ -343,7 +500,7 @@ impl<T: Serialize + DeserializeOwned> ListState<'_, T> {
 
 /// A map variable: entries in key order, each stored on its own.
 pub struct MapState<'a, K, V> {
-    handle: &'a Handle,
+    handle: Backend<'a>,
     name: &'static str,
     t: PhantomData<(K, V)>,
 }
@@ -501,6 +658,26 @@ pub mod export {
         events: Vec<t::Event>,
         handle: &Handle,
     ) -> Result<Vec<String>, String> {
+        run_process(instance, key, events, &KeyState::from_host(handle))
+    }
+
+    pub fn handle_expired_timer<T: KeyedFunction>(
+        instance: Option<&mut T>,
+        key: String,
+        timer: t::Timer,
+        handle: &Handle,
+    ) -> Result<Vec<String>, String> {
+        let timer = Timer { expiry_ms: timer.expiry_ms, name: timer.name };
+        run_expired_timer(instance, key, timer, &KeyState::from_host(handle))
+    }
+
+    /// `process` over either backend: decodes the key and the events, encodes the outputs.
+    pub(crate) fn run_process<T: KeyedFunction>(
+        instance: Option<&mut T>,
+        key: String,
+        events: Vec<t::Event>,
+        state: &KeyState<'_>,
+    ) -> Result<Vec<String>, String> {
         let instance = instance.ok_or_else(|| format!("process {NO_INIT}"))?;
         let key = T::Key::from_key(key).map_err(|e| String::from(Error::from(e)))?;
         let count = events.len();
@@ -511,20 +688,20 @@ pub mod export {
             })?;
             decoded.push(Event { time_ms: event.event_time_ms, value });
         }
-        let out = instance.process(&key, decoded, &KeyState { handle }).map_err(String::from)?;
+        let out = instance.process(&key, decoded, state).map_err(String::from)?;
         outputs(out)
     }
 
-    pub fn handle_expired_timer<T: KeyedFunction>(
+    /// `handle-expired-timer` over either backend.
+    pub(crate) fn run_expired_timer<T: KeyedFunction>(
         instance: Option<&mut T>,
         key: String,
-        timer: t::Timer,
-        handle: &Handle,
+        timer: Timer,
+        state: &KeyState<'_>,
     ) -> Result<Vec<String>, String> {
         let instance = instance.ok_or_else(|| format!("handle-expired-timer {NO_INIT}"))?;
         let key = T::Key::from_key(key).map_err(|e| String::from(Error::from(e)))?;
-        let timer = Timer { expiry_ms: timer.expiry_ms, name: timer.name };
-        let out = instance.handle_expired_timer(&key, timer, &KeyState { handle }).map_err(String::from)?;
+        let out = instance.handle_expired_timer(&key, timer, state).map_err(String::from)?;
         outputs(out)
     }
 
@@ -534,12 +711,22 @@ pub mod export {
         state_json: String,
         handle: &Handle,
     ) -> Result<(), String> {
+        run_initial_state(instance, key, state_json, &KeyState::from_host(handle))
+    }
+
+    /// `handle-initial-state` over either backend.
+    pub(crate) fn run_initial_state<T: KeyedFunction>(
+        instance: Option<&mut T>,
+        key: String,
+        state_json: String,
+        state: &KeyState<'_>,
+    ) -> Result<(), String> {
         let instance = instance.ok_or_else(|| format!("handle-initial-state {NO_INIT}"))?;
         let key = T::Key::from_key(key).map_err(|e| String::from(Error::from(e)))?;
-        let state = serde_json::from_str(&state_json).map_err(|e| {
+        let json = serde_json::from_str(&state_json).map_err(|e| {
             format!("the initial state is not valid JSON ({e}): the host sends the line's `state` value")
         })?;
-        instance.handle_initial_state(&key, state, &KeyState { handle }).map_err(String::from)
+        instance.handle_initial_state(&key, json, state).map_err(String::from)
     }
 
     pub fn render_state<T: KeyedFunction>(

@@ -228,14 +228,19 @@ fn authoring_sdk_wit_copies_are_the_contract() {
             "{copy} differs from wit/groupstate.wit: copy the contract there (cp wit/groupstate.wit {copy})"
         );
     }
-    // The 0.2 contract: only the Rust SDK has it so far.
     let contract = std::fs::read(root.join("wit/v0.2/groupstate.wit")).expect("wit/v0.2/groupstate.wit");
-    let copy = "guest-sdk/wit/v0.2/groupstate.wit";
-    let bytes = std::fs::read(root.join(copy)).unwrap_or_else(|e| panic!("{copy}: {e}"));
-    assert!(
-        bytes == contract,
-        "{copy} differs from wit/v0.2/groupstate.wit: copy the contract there (cp wit/v0.2/groupstate.wit {copy})"
-    );
+    for copy in [
+        "guest-sdk/wit/v0.2/groupstate.wit",
+        "guest-sdk/python/groupstate_sdk/wit/v0.2/groupstate.wit",
+        "guest-sdk/js/wit/v0.2/groupstate.wit",
+        "guest-sdk/c/wit/v0.2/groupstate.wit",
+    ] {
+        let bytes = std::fs::read(root.join(copy)).unwrap_or_else(|e| panic!("{copy}: {e}"));
+        assert!(
+            bytes == contract,
+            "{copy} differs from wit/v0.2/groupstate.wit: copy the contract there (cp wit/v0.2/groupstate.wit {copy})"
+        );
+    }
 }
 
 /// `groupstate new` refuses what would not build or would overwrite something, and

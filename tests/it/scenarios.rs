@@ -12,6 +12,8 @@ fn check(path: &Path) -> Result<(), String> {
     let plugin = match case.plugin.as_deref().unwrap_or("probe") {
         "probe" => plugins::PROBE,
         "inactivity-alert" => plugins::INACTIVITY_ALERT,
+        "inactivity-alert-v2" => plugins::INACTIVITY_ALERT_V2,
+        "inactivity-alert-v2-c" => plugins::INACTIVITY_ALERT_V2_C,
         other => return Err(format!("unknown plugin {other:?}")),
     };
     scenario::run(&case, Path::new(plugin), Some(&cache_dir()))

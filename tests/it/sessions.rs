@@ -1,5 +1,6 @@
-//! The sessions plugin (the 0.2 state API: map state, a timer per open session) through
-//! the whole pipeline, against the oracle, at several batch sizes and across a restart.
+//! The sessions plugins (the 0.2 state API: map state, a timer per open session), in
+//! Rust, Python and JavaScript, through the whole pipeline, against the oracle, at several batch
+//! sizes and across a restart.
 
 use std::path::{Path, PathBuf};
 
@@ -37,9 +38,9 @@ pub fn write_input(dir: &Path, views: &[(String, i64, String)]) -> PathBuf {
     path
 }
 
-fn config(input: &Path, dir: &Path, batch_events: usize) -> PipelineConfig {
+fn config(plugin: &str, input: &Path, dir: &Path, batch_events: usize) -> PipelineConfig {
     let mut config = PipelineConfig::new(
-        PathBuf::from(plugins::SESSIONS),
+        PathBuf::from(plugin),
         Stream::File(input.to_owned()),
         Stream::File(dir.join("out.jsonl")),
         dir.join("state"),
@@ -51,6 +52,10 @@ fn config(input: &Path, dir: &Path, batch_events: usize) -> PipelineConfig {
     config.batch_events_max = batch_events;
     config.durable_commits = false;
     config.cache_dir = Some(cache_dir());
+    // The Python and JavaScript plugins are interpreted, and the suite runs its tests in
+    // parallel on small machines: a call with a whole batch of one user's views must not
+    // trip the default 1 s CPU limit there (sandbox.rs tests the limit itself).
+    config.limits.call_cpu_ms_max = 10_000;
     config
 }
 
@@ -102,6 +107,53 @@ fn open_state(store: &groupstate::store::Store) -> Open {
 
 #[test]
 fn sessions_match_the_oracle_at_every_batch_size_and_across_a_restart() {
+    check_sessions(plugins::SESSIONS);
+}
+
+/// The Python plugin (`plugins/sessions-py`, the Python SDK's 0.2 layer) under the same
+/// checks: the same outputs, map entries (its `IntKey` writes the Rust SDK's `i64`
+/// bytes) and timers.
+#[test]
+fn python_sessions_match_the_oracle_at_every_batch_size_and_across_a_restart() {
+    check_sessions(plugins::SESSIONS_PY);
+}
+
+/// The JavaScript plugin (`plugins/sessions-js`, the JavaScript SDK's 0.2 layer).
+#[test]
+fn js_sessions_match_the_oracle_at_every_batch_size_and_across_a_restart() {
+    check_sessions(plugins::SESSIONS_JS);
+}
+
+/// The Python SDK's `KeyedDriver` is a model of the host: over the same input, split
+/// into the same batches, it gives the Python plugin the same calls, so its outputs are
+/// the host's line for line, in order (the oracle test above compares sorted sets).
+#[test]
+fn the_python_driver_gives_the_hosts_outputs_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let views = views(3_000, 150, 21);
+    let input = write_input(dir.path(), &views);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned();
+    for batch_events in [1_000, 37] {
+        let run_dir = dir.path().join(format!("b{batch_events}"));
+        run(config(plugins::SESSIONS_PY, &input, &run_dir, batch_events), NOW_MS);
+        let host = std::fs::read_to_string(run_dir.join("out.jsonl")).unwrap();
+        assert!(host.lines().count() > 50, "the workload should close many sessions");
+        let driver = std::process::Command::new("python3")
+            .arg(root.join("tests/python_driver.py"))
+            .arg(root.join("plugins/sessions-py"))
+            .args(["sessions", "Sessions"])
+            .arg(&input)
+            .args([batch_events.to_string(), DELAY_MS.to_string(), "user".into(), "ts".into()])
+            .env("PYTHONPATH", root.join("guest-sdk/python"))
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .output()
+            .expect("run python3 (tests/setup.sh installs it)");
+        assert!(driver.status.success(), "{}", String::from_utf8_lossy(&driver.stderr));
+        assert_eq!(String::from_utf8(driver.stdout).unwrap(), host, "batch size {batch_events}");
+    }
+}
+
+fn check_sessions(plugin: &str) {
     let dir = tempfile::tempdir().unwrap();
     let views = views(12_000, 150, 5);
     let input = write_input(dir.path(), &views);
@@ -118,7 +170,7 @@ fn sessions_match_the_oracle_at_every_batch_size_and_across_a_restart() {
     let mut first_open: Option<Open> = None;
     for batch_events in [100_000, 997, 61] {
         let run_dir = dir.path().join(format!("b{batch_events}"));
-        let summary = run_and_inspect(config(&input, &run_dir, batch_events), NOW_MS, |store| {
+        let summary = run_and_inspect(config(plugin, &input, &run_dir, batch_events), NOW_MS, |store| {
             let (entries, timers) = open_state(store);
             assert_eq!(entries.len(), open_users, "one map entry per open session");
             // One timer per open session, at its end plus the gap, named by its start,
@@ -142,7 +194,7 @@ fn sessions_match_the_oracle_at_every_batch_size_and_across_a_restart() {
 
     // Stopped after a few batches and resumed over the same state dir.
     let resumed = dir.path().join("resumed");
-    let mut config = config(&input, &resumed, 443);
+    let mut config = config(plugin, &input, &resumed, 443);
     config.batches_max = Some(9);
     let first = run(config.clone(), NOW_MS);
     assert_eq!(first.batches, 9);
@@ -160,9 +212,9 @@ fn a_state_dir_keeps_its_plugin_world() {
     let dir = tempfile::tempdir().unwrap();
     let views = views(50, 5, 9);
     let input = write_input(dir.path(), &views);
-    run(config(&input, dir.path(), 1000), NOW_MS);
+    run(config(plugins::SESSIONS, &input, dir.path(), 1000), NOW_MS);
     // The same state dir with a 0.1 plugin is refused, naming both worlds.
-    let mut other = config(&input, dir.path(), 1000);
+    let mut other = config(plugins::SESSIONS, &input, dir.path(), 1000);
     other.plugin = PathBuf::from(plugins::SENSOR_ALERTS);
     let clock = std::sync::Arc::new(groupstate::ManualClock::new(NOW_MS));
     let err = groupstate::Pipeline::open(other, clock).unwrap_err().to_string();

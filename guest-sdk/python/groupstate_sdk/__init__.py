@@ -14,7 +14,9 @@ carrying a WIT variant, and give `s64` values no range check. This module wraps 
   host then keeps the key's state as before the call);
 - `export(cls)`, which makes the `WitWorld` class componentize-py looks for;
 - `wit_path()`, the package's copy of the WIT contract, for componentize-py's
-  `--wit-path` (also `python3 -m groupstate_sdk wit-path`).
+  `--wit-path` (also `python3 -m groupstate_sdk wit-path`); `wit_path("0.2")` that of
+  the 0.2 state API, whose layer is `groupstate_sdk.v2` (named value, list and map
+  variables, many timers per key), with `groupstate_sdk.testing` to run it natively.
 
 Install it with pip from a checkout (`pip install --target DIR <checkout>/guest-sdk/python`)
 and give componentize-py that folder with `-p`.
@@ -156,9 +158,15 @@ class Codec(Generic[S]):
         raise NotImplementedError
 
 
-def wit_path() -> str:
-    """The folder of the WIT contract this package was made for (its own copy)."""
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "wit")
+def wit_path(version: str = "0.1") -> str:
+    """The folder of the WIT contract this package was made for (its own copy): `"0.1"`
+    (world `state-function`) or `"0.2"` (world `keyed-state-function`, see `v2`)."""
+    base = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wit")
+    if version == "0.1":
+        return base
+    if version == "0.2":
+        return os.path.join(base, "v0.2")
+    raise ValueError(f"no WIT version {version!r} in this package: use 0.1 or 0.2")
 
 
 def _from_plain(hint: Any, plain: Any) -> Any:

@@ -23,8 +23,12 @@ fi
 # npm keeps a copied `file:` package as it is until it is installed again: refresh the
 # SDK's copy when the checkout's changed.
 sdk=$(node -p "require('path').resolve(require('./package.json').dependencies['groupstate-sdk'].replace(/^file:/, ''))")
-if ! diff -q "$sdk/groupstate.js" node_modules/groupstate-sdk/groupstate.js >/dev/null 2>&1 ||
-  ! diff -rq "$sdk/wit" node_modules/groupstate-sdk/wit >/dev/null 2>&1; then
+stale=0
+for file in "$sdk"/*.js; do
+  diff -q "$file" "node_modules/groupstate-sdk/$(basename "$file")" >/dev/null 2>&1 || stale=1
+done
+diff -rq "$sdk/wit" node_modules/groupstate-sdk/wit >/dev/null 2>&1 || stale=1
+if [ "$stale" = 1 ]; then
   rm -rf node_modules/groupstate-sdk
   npm install --prefer-offline --no-audit --no-fund --loglevel=error >&2
 fi
