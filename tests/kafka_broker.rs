@@ -158,13 +158,22 @@ impl Broker {
     /// Every record of `topic` (all partitions, from the start, `read_committed`):
     /// its headers as text and its value.
     pub fn read_all(&self, topic: &str) -> Vec<(std::collections::BTreeMap<String, String>, String)> {
+        self.read_all_as(topic, "read_committed")
+    }
+
+    /// `read_all` at `isolation` (`read_committed` or `read_uncommitted`).
+    pub fn read_all_as(
+        &self,
+        topic: &str,
+        isolation: &str,
+    ) -> Vec<(std::collections::BTreeMap<String, String>, String)> {
         use rdkafka::consumer::{BaseConsumer, Consumer};
         use rdkafka::message::{Headers, Message};
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", self.bootstrap())
             .set("group.id", "test-reader")
             .set("enable.partition.eof", "true")
-            .set("isolation.level", "read_committed")
+            .set("isolation.level", isolation)
             .create()
             .unwrap();
         let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap();
@@ -174,17 +183,23 @@ impl Broker {
             list.add_partition_offset(topic, p, rdkafka::Offset::Beginning).unwrap();
         }
         consumer.assign(&list).unwrap();
-        let (mut records, mut ended, mut idle) = (Vec::new(), 0, 0);
-        while ended < partitions {
+        // A partition can report its end more than once (tansu's high watermarks are
+        // wrong, and an end can be reported before the last records): the read ends
+        // once every partition's last word was its end and nothing came for 2 s.
+        let (mut records, mut ended, mut idle) = (Vec::new(), std::collections::BTreeSet::new(), 0);
+        while ended.len() < partitions || idle < 20 {
             match consumer.poll(Duration::from_millis(100)) {
                 None => {
                     idle += 1;
                     assert!(idle < 300, "reading {topic}: no record nor end for 30 s");
                 }
-                Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => ended += 1,
+                Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                    ended.insert(p);
+                }
                 Some(Err(e)) => panic!("reading {topic}: {e}"),
                 Some(Ok(m)) => {
                     idle = 0;
+                    ended.remove(&m.partition());
                     let headers = m.headers().map_or_else(Default::default, |h| {
                         h.iter()
                             .map(|h| {
