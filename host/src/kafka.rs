@@ -840,6 +840,11 @@ impl PartitionTransactions {
         if let Some(mut e) = offsets.find_partition(&self.input.topic, self.partition) {
             e.set_metadata(committed_metadata(batch.checkpoint.next_batch_id));
         }
+        // Every record is delivered before the offset goes to the group: a broker
+        // that applies a transaction's offset commit before the transaction ends
+        // (tansu does, it seems) would otherwise show the batch consumed while a
+        // crash lost records still queued here.
+        self.producer.flush(timeout).map_err(|e| self.error("delivering the batch's records", e))?;
         self.producer
             .send_offsets_to_transaction(&offsets, &self.group_metadata, timeout)
             .map_err(|e| self.error("sending the offset to the transaction", e))?;
