@@ -296,7 +296,10 @@ fn three_processes_one_killed_give_the_oracles_alerts_and_restore_moved_partitio
         })
     };
     let mut waited_ms = 0;
-    while !moved() && !(a.try_wait().unwrap().is_some() && c.try_wait().unwrap().is_some()) {
+    let others_ended = |a: &mut std::process::Child, c: &mut std::process::Child| {
+        a.try_wait().unwrap().is_some() && c.try_wait().unwrap().is_some()
+    };
+    while !moved() && !others_ended(&mut a, &mut c) {
         assert!(waited_ms < 60_000, "no process took over a partition of the killed one within 60 s");
         std::thread::sleep(Duration::from_millis(100));
         waited_ms += 100;
