@@ -170,8 +170,8 @@ fn an_output_topic_killed_mid_run_holds_each_alert_once_by_its_headers() {
         command.args(["--dead-letter", &format!("kafka://{}/dead-letters", broker.bootstrap())]);
         command
     };
-    // Killed while it runs, as soon as its metrics show committed batches, then run
-    // to the end. The admin endpoint serves each partition's metrics.
+    // Killed while it runs, once its metrics show committed batches and 8 s have
+    // passed, then run to the end. The admin endpoint serves each partition's metrics.
     let socket = dir.path().join("admin.sock");
     let mut child = topic_run().args(["--admin", &format!("unix:{}", socket.display())]).spawn().unwrap();
     let mut waited_ms = 0;
@@ -188,6 +188,11 @@ fn an_output_topic_killed_mid_run_holds_each_alert_once_by_its_headers() {
         waited_ms += 100;
     };
     let (status, body) = http_get(&socket, "/plugin").unwrap();
+    // Killed 8 s in, mid-run (the group join takes about 3 s, the run about 20 s).
+    while waited_ms < 8_000 && child.try_wait().unwrap().is_none() {
+        std::thread::sleep(Duration::from_millis(100));
+        waited_ms += 100;
+    }
     child.kill().unwrap(); // SIGKILL
     for family in ["groupstate_input_lag_records{partition=", "groupstate_last_batch_duration_seconds{partition="] {
         assert!(metrics.contains(family), "the metrics lack {family}: {metrics}");
