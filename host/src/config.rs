@@ -494,12 +494,18 @@ impl PipelineConfig {
     /// transactions.
     pub fn set_group(&mut self, group: &str) {
         self.group = Some(group.to_owned());
-        let streams = [Some(&mut self.input), Some(&mut self.output), self.dead_letter.as_mut(), self.late.as_mut()];
-        for stream in streams.into_iter().flatten() {
+        for stream in self.streams_mut() {
             if let Stream::Kafka(k) = stream {
                 k.group = group.to_owned();
             }
         }
+    }
+
+    /// The input and every output that is set.
+    fn streams_mut(&mut self) -> impl Iterator<Item = &mut Stream> {
+        [Some(&mut self.input), Some(&mut self.output), self.dead_letter.as_mut(), self.late.as_mut()]
+            .into_iter()
+            .flatten()
     }
 
     fn rebase(&mut self, base: &std::path::Path) {
@@ -510,8 +516,7 @@ impl PipelineConfig {
         };
         fix(&mut self.plugin);
         fix(&mut self.state_dir);
-        let streams = [Some(&mut self.input), Some(&mut self.output), self.dead_letter.as_mut(), self.late.as_mut()];
-        for stream in streams.into_iter().flatten() {
+        for stream in self.streams_mut() {
             if let Stream::File(p) = stream {
                 fix(p);
             }
