@@ -211,6 +211,7 @@ void gs_variables(const gs_variable_decl *decls, size_t count, keyed_state_funct
     ret->ptr[i].ttl.is_some = decls[i].ttl_ms > 0;
     ret->ptr[i].ttl.val.duration_ms = decls[i].ttl_ms;
     ret->ptr[i].ttl.val.clock = decls[i].ttl_clock;
+    ret->ptr[i].schema_version = decls[i].schema_version ? decls[i].schema_version : 1;
   }
 }
 
@@ -257,6 +258,20 @@ bool gs_export_no_initial_state(gs_string *key, gs_string *state_json, gs_string
   keyed_state_function_string_free(state_json);
   keyed_state_function_string_dup(err, "this plugin has no initial-state handler: implement handle-initial-state, "
                                        "or run without --initial-state");
+  return false;
+}
+
+bool gs_export_no_migrate(gs_string *variable, uint32_t from_version, keyed_state_function_list_u8_t *bytes,
+                          gs_string *err) {
+  gs_buf buf = {0};
+  gs_buf_cstr(&buf, "variable ");
+  gs_buf_bytes(&buf, (const char *)variable->ptr, variable->len);
+  gs_buf_cstr(&buf, " holds entries of layout ");
+  gs_buf_i64(&buf, from_version);
+  gs_buf_cstr(&buf, ", and this plugin converts none: implement migrate-state");
+  keyed_state_function_string_free(variable);
+  keyed_state_function_list_u8_free(bytes);
+  gs_buf_into_string(&buf, err);
   return false;
 }
 

@@ -12,7 +12,8 @@
 // - gs_export_keyed_process, gs_export_expired_timer: the bodies of the `process` and
 //   `handle-expired-timer` exports; gs_export_no_initial_state and gs_export_no_render
 //   the defaults of `handle-initial-state` (refuses, saying the plugin has none) and
-//   `render-state` (none: the host shows hex).
+//   `render-state` (none: the host shows hex); gs_export_no_migrate the default of
+//   `migrate-state` (refuses: the plugin never changed a layout).
 //
 // The shared helpers of groupstate.h (gs_buf, gs_params_*, gs_json_*, gs_log) work here
 // too, with the 0.1 type names mapped onto this world's (state_function_string_t is
@@ -70,13 +71,16 @@ void gs_key_i64(int64_t key, uint8_t out[8]);
 // The key back; false when `len` is not 8.
 bool gs_key_i64_decode(const uint8_t *bytes, size_t len, int64_t *out);
 
-// A variable declaration for gs_variables: name, kind (GROUPSTATE_PLUGIN_TYPES_VARIABLE_KIND_*)
-// and an optional TTL (ttl_ms 0: none; ttl_clock GROUPSTATE_PLUGIN_TYPES_TTL_CLOCK_*).
+// A variable declaration for gs_variables: name, kind (GROUPSTATE_PLUGIN_TYPES_VARIABLE_KIND_*),
+// an optional TTL (ttl_ms 0: none; ttl_clock GROUPSTATE_PLUGIN_TYPES_TTL_CLOCK_*) and the
+// layout version of its bytes (0 or 1: the first; raise it when the layout changes and
+// convert the older ones in the plugin's `migrate-state` export).
 typedef struct {
   const char *name;
   groupstate_plugin_types_variable_kind_t kind;
   int64_t ttl_ms;
   groupstate_plugin_types_ttl_clock_t ttl_clock;
+  uint32_t schema_version;
 } gs_variable_decl;
 
 // Fills `init`'s result with the declared variables (malloc'd, as the host frees it).
@@ -98,8 +102,11 @@ bool gs_export_keyed_process(gs_keyed_process_fn process, bool initialized, gs_s
 bool gs_export_expired_timer(gs_expired_timer_fn handle, bool initialized, gs_string *key,
                              keyed_state_function_timer_t *timer, gs_key_state state,
                              keyed_state_function_list_string_t *ret, gs_string *err);
-// The defaults: refuses initial state, saying the plugin has none; renders nothing.
+// The defaults: refuses initial state, saying the plugin has none; converts no older
+// layout (for a plugin that never raised a schema_version); renders nothing.
 bool gs_export_no_initial_state(gs_string *key, gs_string *state_json, gs_string *err);
+bool gs_export_no_migrate(gs_string *variable, uint32_t from_version, keyed_state_function_list_u8_t *bytes,
+                          gs_string *err);
 bool gs_export_no_render(gs_string *variable, keyed_state_function_list_u8_t *bytes, gs_string *ret);
 
 #endif

@@ -4,14 +4,18 @@
 // `transformWithState`.
 //
 // - `exportKeyedPlugin(Plugin)` makes the world's exports (`info`, `init`, `process`,
-//   `handleExpiredTimer`, `handleInitialState`, `renderState`) from a plugin class with
+//   `handleExpiredTimer`, `handleInitialState`, `migrateState`, `renderState`) from a
+//   plugin class with
 //   `static info`, `static variables` (its `Variable`s), `static init(params)`,
 //   `static decodeEvent(json)`, and the methods `process(key, events, state)` and
 //   `handleExpiredTimer(key, timer, state)`; optionally `handleInitialState(key,
-//   stateJson, state)` (default: refuses, saying the plugin has none) and
-//   `renderState(variable, part, bytes)` (default: `undefined`, shown in hex);
+//   stateJson, state)` (default: refuses, saying the plugin has none),
+//   `migrateState(variable, part, fromVersion, bytes)` (default: refuses; see
+//   `migrateDeclared`) and `renderState(variable, part, bytes)` (default: `undefined`,
+//   shown in hex);
 // - `Variable.value(name, codec)`, `Variable.list(name, codec)`, `Variable.map(name,
-//   { key, value })`, optionally `.withTtl(Ttl.eventTime(ms))`; values are encoded by a
+//   { key, value })`, optionally `.withTtl(Ttl.eventTime(ms))` and, once the layout of
+//   its values changes, `.withSchemaVersion(n)`; values are encoded by a
 //   codec (`JsonCodec` by default), map keys by a key codec whose bytes keep the keys'
 //   order (`StrKey`, `IntKey`, `U64Key`, `BytesKey`: the Rust SDK's bytes);
 // - `KeyState`, the handle of one call: `value(name)`, `list(name)`, `map(name)`,
@@ -114,8 +118,8 @@ export class Ttl {
 /** A state variable a plugin declares (`static variables`): 1 to 64 ASCII letters,
  * digits, `_`, `-` or `.`, unique among the plugin's. */
 export class Variable {
-  constructor(name, kind, codec, key, ttl) {
-    Object.assign(this, { name, kind, codec: codec || new JsonCodec(), key, ttl });
+  constructor(name, kind, codec, key, ttl, schemaVersion = 1) {
+    Object.assign(this, { name, kind, codec: codec || new JsonCodec(), key, ttl, schemaVersion });
   }
   /** A value variable, encoded by `codec` (JSON by default). */
   static value(name, codec) {
@@ -131,7 +135,14 @@ export class Variable {
   }
   /** The same variable with a time-to-live. */
   withTtl(ttl) {
-    return new Variable(this.name, this.kind, this.codec, this.key, ttl);
+    return new Variable(this.name, this.kind, this.codec, this.key, ttl, this.schemaVersion);
+  }
+  /** The same variable with layout version `version` (1 by default; values, list
+   * elements and map values, never map keys). Raise it when the layout changes: entries
+   * stored under another version go through the plugin's `migrateState` the first time
+   * a call reads them. */
+  withSchemaVersion(version) {
+    return new Variable(this.name, this.kind, this.codec, this.key, this.ttl, version);
   }
 }
 
@@ -348,20 +359,23 @@ function checkVariables(variables) {
   for (const v of variables) {
     if (!(v instanceof Variable)) throw new PluginError('static variables holds something that is not a Variable');
     if (seen.has(v.name)) throw new PluginError(`variable ${JSON.stringify(v.name)} is declared twice; give each variable its own name`);
+    if (!Number.isInteger(v.schemaVersion) || v.schemaVersion < 1 || v.schemaVersion > 0xffffffff) {
+      throw new PluginError(`variable ${JSON.stringify(v.name)}: schemaVersion ${v.schemaVersion} must be a whole number from 1`);
+    }
     seen.add(v.name);
   }
 }
 
 function witVariable(v) {
   const ttl = v.ttl ? { durationMs: saturatingI64(v.ttl.durationMs), clock: v.ttl.clock } : undefined;
-  return { name: v.name, kind: v.kind, ttl };
+  return { name: v.name, kind: v.kind, ttl, schemaVersion: v.schemaVersion };
 }
 
 const NO_INIT = 'was called before init succeeded: the host must call init on every new instance';
 
 /**
  * The world's exports for `Plugin` (see the module comment). Use it as
- * `export const { info, init, process, handleExpiredTimer, handleInitialState, renderState } = exportKeyedPlugin(Plugin);`.
+ * `export const { info, init, process, handleExpiredTimer, handleInitialState, migrateState, renderState } = exportKeyedPlugin(Plugin);`.
  */
 export function exportKeyedPlugin(Plugin) {
   const variables = Plugin.variables || [];
@@ -427,6 +441,21 @@ export function exportKeyedPlugin(Plugin) {
         fail(error);
       }
     },
+    migrateState(variable, part, fromVersion, bytes) {
+      const plugin = ready('migrate-state');
+      try {
+        if (typeof plugin.migrateState !== 'function') {
+          throw new PluginError(
+            `variable ${JSON.stringify(variable)} holds entries of layout ${fromVersion}, and this plugin converts none: implement migrateState`,
+          );
+        }
+        const converted = plugin.migrateState(variable, part, fromVersion, bytes);
+        if (!(converted instanceof Uint8Array)) throw new PluginError('migrateState must return a Uint8Array');
+        return converted;
+      } catch (error) {
+        return fail(error);
+      }
+    },
     renderState(variable, part, bytes) {
       if (instance === undefined || typeof instance.renderState !== 'function') return undefined;
       try {
@@ -437,6 +466,14 @@ export function exportKeyedPlugin(Plugin) {
       }
     },
   };
+}
+
+/** `bytes` decoded by the codec `old`, passed through `convert`, and encoded by the
+ * codec `variable` is declared with (for a plugin's `migrateState`). */
+export function migrateDeclared(variables, variable, bytes, old, convert) {
+  const declared = variables.find((v) => v.name === variable);
+  if (!declared) throw new PluginError(`variable ${JSON.stringify(variable)} is not declared: nothing to convert it to`);
+  return declared.codec.encode(convert(old.decode(bytes)));
 }
 
 /** `bytes` of `variable` decoded by its declared codecs, as JSON text (for a plugin's

@@ -244,29 +244,40 @@ pub struct Variable {
     pub kind: VariableKind,
     /// Its time-to-live, if its entries expire.
     pub ttl: Option<Ttl>,
+    /// The version of the layout of its bytes (value, list elements or map values;
+    /// never map keys), from 1. Raise it when the layout changes, and convert the
+    /// older layouts in [`KeyedFunction::migrate_state`].
+    pub schema_version: u32,
 }
 
 impl Variable {
     /// A value variable.
     pub const fn value(name: &'static str) -> Self {
-        Self { name, kind: VariableKind::Value, ttl: None }
+        Self { name, kind: VariableKind::Value, ttl: None, schema_version: 1 }
     }
     /// A list variable.
     pub const fn list(name: &'static str) -> Self {
-        Self { name, kind: VariableKind::List, ttl: None }
+        Self { name, kind: VariableKind::List, ttl: None, schema_version: 1 }
     }
     /// A map variable.
     pub const fn map(name: &'static str) -> Self {
-        Self { name, kind: VariableKind::Map, ttl: None }
+        Self { name, kind: VariableKind::Map, ttl: None, schema_version: 1 }
     }
     /// The same variable with a time-to-live:
     /// `Variable::map("sessions").with_ttl(Ttl::event_time(3_600_000))`.
     pub const fn with_ttl(self, ttl: Ttl) -> Self {
         Self { ttl: Some(ttl), ..self }
     }
+    /// The same variable with layout version `version` (1 by default):
+    /// `Variable::map("sessions").with_schema_version(2)`. Entries stored under
+    /// another version go through [`KeyedFunction::migrate_state`] when first read.
+    pub const fn with_schema_version(self, version: u32) -> Self {
+        Self { schema_version: version, ..self }
+    }
 }
 
-/// Which part of a variable a byte string is, for [`KeyedFunction::render_state`].
+/// Which part of a variable a byte string is, for [`KeyedFunction::render_state`] and
+/// [`KeyedFunction::migrate_state`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatePart {
     /// The value of a value variable.
@@ -284,6 +295,27 @@ pub enum StatePart {
 pub fn render_as<T: Serialize + DeserializeOwned>(bytes: &[u8]) -> Option<String> {
     let value: T = codec::decode(bytes).ok()?;
     serde_json::to_string(&value).ok()
+}
+
+/// Converts bytes that [`ValueState`], [`ListState`] or a [`MapState`] value stored as
+/// an `Old` into a `New` through `convert`, for [`KeyedFunction::migrate_state`]
+/// (`("totals", 1) => convert(bytes, |count: u64| Totals { count, sum: 0 })`):
+///
+/// ```
+/// use groupstate_sdk::{codec, v2::convert};
+///
+/// let old = codec::encode(&5u64).unwrap();
+/// let new = convert(&old, |count: u64| (count, 0i64)).unwrap();
+/// assert_eq!(codec::decode::<(u64, i64)>(&new).unwrap(), (5, 0));
+/// assert!(convert(&new, |count: u64| count).is_err(), "layout 2 is not a u64");
+/// ```
+pub fn convert<Old: DeserializeOwned, New: Serialize>(
+    bytes: &[u8],
+    convert: impl FnOnce(Old) -> New,
+) -> Result<Vec<u8>, Error> {
+    let old: Old = codec::decode(bytes)
+        .map_err(|e| Error::msg(format!("stored bytes do not decode as a {} ({e})", std::any::type_name::<Old>())))?;
+    codec::encode(&convert(old)).map_err(|e| Error::msg(format!("the converted value does not encode ({e})")))
 }
 
 /// Renders a map key stored by a [`MapState`] with key type `K` as JSON, for
@@ -592,6 +624,25 @@ pub trait KeyedFunction: Sized + 'static {
         ))
     }
 
+    /// Converts bytes that `variable` stored under its older layout `from_version`
+    /// (its `part`: a value, list element or map value) into the layout of its current
+    /// [`Variable::schema_version`] (see [`convert`]). The host calls it, on an instance
+    /// of its own, the first time a call reads such an entry, and writes the result
+    /// back with the call's changes; it must depend on its arguments only. The default
+    /// refuses: a plugin that raises a variable's version implements this.
+    fn migrate_state(
+        &self,
+        variable: &str,
+        part: StatePart,
+        from_version: u32,
+        bytes: &[u8],
+    ) -> Result<Vec<u8>, Error> {
+        let _ = (part, bytes);
+        Err(Error::msg(format!(
+            "variable {variable:?} holds entries of layout {from_version}, and this plugin converts none: implement KeyedFunction::migrate_state"
+        )))
+    }
+
     /// Renders stored bytes of `variable` as JSON for `groupstate state --plugin`
     /// (see [`render_as`] and [`render_key_as`]); `None` (the default) shows them in
     /// hex. It must depend on its arguments only.
@@ -647,6 +698,7 @@ pub mod export {
                         TtlClock::EventTime => t::TtlClock::EventTime,
                     },
                 }),
+                schema_version: v.schema_version,
             })
             .collect();
         Ok((instance, variables))
@@ -729,24 +781,39 @@ pub mod export {
         instance.handle_initial_state(&key, json, state).map_err(String::from)
     }
 
+    fn part_of(part: t::StatePart) -> StatePart {
+        match part {
+            t::StatePart::Value => StatePart::Value,
+            t::StatePart::ListElement => StatePart::ListElement,
+            t::StatePart::MapKey => StatePart::MapKey,
+            t::StatePart::MapValue => StatePart::MapValue,
+        }
+    }
+
     pub fn render_state<T: KeyedFunction>(
         instance: Option<&T>,
         variable: String,
         part: t::StatePart,
         bytes: Vec<u8>,
     ) -> Option<String> {
-        let part = match part {
-            t::StatePart::Value => StatePart::Value,
-            t::StatePart::ListElement => StatePart::ListElement,
-            t::StatePart::MapKey => StatePart::MapKey,
-            t::StatePart::MapValue => StatePart::MapValue,
-        };
-        instance?.render_state(&variable, part, &bytes)
+        instance?.render_state(&variable, part_of(part), &bytes)
+    }
+
+    pub fn migrate_state<T: KeyedFunction>(
+        instance: Option<&T>,
+        variable: String,
+        part: t::StatePart,
+        from_version: u32,
+        bytes: Vec<u8>,
+    ) -> Result<Vec<u8>, String> {
+        let instance = instance.ok_or_else(|| format!("migrate-state {NO_INIT}"))?;
+        instance.migrate_state(&variable, part_of(part), from_version, &bytes).map_err(String::from)
     }
 }
 
 /// Exports a [`KeyedFunction`] as the `groupstate:plugin@0.2.0` world's `info`, `init`,
-/// `process`, `handle-expired-timer`, `handle-initial-state` and `render-state`. Use it
+/// `process`, `handle-expired-timer`, `handle-initial-state`, `migrate-state` and
+/// `render-state`. Use it
 /// once per plugin crate, at the top level:
 /// `groupstate_sdk::export_keyed_plugin!(MyFunction);`.
 #[macro_export]
@@ -804,6 +871,17 @@ macro_rules! export_keyed_plugin {
                 ) -> ::core::result::Result<(), ::std::string::String> {
                     __GROUPSTATE_INSTANCE.with_borrow_mut(|slot| {
                         $crate::v2::export::handle_initial_state::<$ty>(slot.as_mut(), key, state_json, state)
+                    })
+                }
+
+                fn migrate_state(
+                    variable: ::std::string::String,
+                    part: $crate::v2::wit::groupstate::plugin::types::StatePart,
+                    from_version: u32,
+                    bytes: ::std::vec::Vec<u8>,
+                ) -> ::core::result::Result<::std::vec::Vec<u8>, ::std::string::String> {
+                    __GROUPSTATE_INSTANCE.with_borrow(|slot| {
+                        $crate::v2::export::migrate_state::<$ty>(slot.as_ref(), variable, part, from_version, bytes)
                     })
                 }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::config::TimeoutKind;
-use crate::keyed::{KeyedFunction, Variable};
+use crate::keyed::{KeyedFunction, StatePart, Variable};
 use crate::plugin::{CallError, CallOutcome, CallRequest, Plugin, PluginInfo};
 
 /// What the pipeline calls per key: a loaded wasm [`Plugin`], or — for benchmarks and
@@ -17,6 +17,18 @@ pub trait StateFunction: Send {
     fn call(&mut self, kind: TimeoutKind, req: &CallRequest<'_>) -> Result<CallOutcome, CallError>;
     /// Converts a state value from an older schema version; see [`Plugin::migrate`].
     fn migrate(&mut self, from_version: u32, value: &[u8]) -> Result<Vec<u8>, CallError>;
+    /// Converts `part` of 0.2 variable `variable`, stored under `from_version`, to the
+    /// variable's current layout; see [`Plugin::migrate_entry`].
+    fn migrate_entry(
+        &mut self,
+        variable: &str,
+        part: StatePart,
+        from_version: u32,
+        bytes: &[u8],
+    ) -> Result<Vec<u8>, CallError> {
+        let _ = (part, bytes);
+        Err(CallError::Returned(format!("cannot convert variable {variable:?} from schema {from_version}")))
+    }
     /// The world whose state it keeps: 1 (`groupstate:plugin@0.1.0`) or 2 (0.2.0).
     fn state_api(&self) -> u32 {
         1
@@ -36,6 +48,15 @@ impl StateFunction for Plugin {
     }
     fn migrate(&mut self, from_version: u32, value: &[u8]) -> Result<Vec<u8>, CallError> {
         Plugin::migrate(self, from_version, value)
+    }
+    fn migrate_entry(
+        &mut self,
+        variable: &str,
+        part: StatePart,
+        from_version: u32,
+        bytes: &[u8],
+    ) -> Result<Vec<u8>, CallError> {
+        Plugin::migrate_entry(self, variable, part, from_version, bytes)
     }
     fn state_api(&self) -> u32 {
         Plugin::state_api(self)

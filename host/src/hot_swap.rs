@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex, mpsc};
 
 use crate::clock::Clock;
 use crate::function::{StateFunction, label_of};
+use crate::keyed::{StatePart, Variable, VariableKind, unpack_entry};
 use crate::plugin::PluginInfo;
+use crate::state_keys::{self as sk, Entry};
 use crate::store::Store;
 use crate::swap::{CheckPlan, SampledValue, SwapCheck};
 
@@ -162,20 +164,28 @@ impl SwapController {
         if self.check.is_some() {
             return;
         }
-        let Some(candidate) = self.queue.try_iter().last() else {
+        let Some(mut candidate) = self.queue.try_iter().last() else {
             return;
         };
         let label = label_of(candidate.plugin.info());
-        let schema = candidate.plugin.info().state_schema_version;
-        let sample = match migration_sample(store, schema) {
+        let sample = match candidate.plugin.keyed() {
+            Some((_, variables)) => keyed_migration_sample(store, &variables),
+            None => migration_sample(store, candidate.plugin.info().state_schema_version),
+        };
+        let sample = match sample {
             Ok(sample) if sample.is_empty() => return self.swap_in(batch_id, candidate, label),
             Ok(sample) => sample,
             Err(why) => return self.refuse(&label, &candidate.origin, &why),
         };
         let plan = CheckPlan { sample, budget_ms, clock };
         let origin = candidate.origin.clone();
-        let migrate =
-            |c: &mut Candidate, from: u32, value: &[u8]| c.plugin.migrate(from, value).map_err(|e| e.to_string());
+        let migrate = |c: &mut Candidate, s: &SampledValue| {
+            match &s.entry {
+                None => c.plugin.migrate(s.schema_version, &s.value),
+                Some((variable, part)) => c.plugin.migrate_entry(variable, *part, s.schema_version, &s.value),
+            }
+            .map_err(|e| e.to_string())
+        };
         match SwapCheck::start(candidate, migrate, plan, label.clone(), origin.clone()) {
             Ok(check) => {
                 tracing::info!("plugin {label} from {origin}: checking its state migration");
@@ -259,10 +269,52 @@ fn migration_sample(store: &Store, schema: u32) -> Result<Vec<SampledValue>, Str
             continue;
         };
         bytes += value.len();
-        sample.push(SampledValue { key, schema_version: record.schema_version, value });
+        sample.push(SampledValue { key, schema_version: record.schema_version, value, entry: None });
         if sample.len() == MIGRATION_SAMPLE_KEYS || bytes >= MIGRATION_SAMPLE_BYTES_MAX {
             break;
         }
     }
     Ok(sample)
+}
+
+/// The 0.2 form of [`migration_sample`]: stored values, list elements and map values
+/// of the candidate's `variables` written under another schema version than the
+/// variable now declares, with the same bounds. Entries of variables it no longer
+/// declares are left out: no call can read them.
+fn keyed_migration_sample(store: &Store, variables: &[Variable]) -> Result<Vec<SampledValue>, String> {
+    let mut sample = Vec::new();
+    let mut bytes = 0;
+    for entry in store.iter_keys().take(MIGRATION_SCAN_KEYS_MAX) {
+        let (store_key, record) = entry.map_err(|e| format!("cannot read the stored state to check it: {e}"))?;
+        let Some((key, (name, kind, part))) = sk::parse(&store_key).and_then(|(key, e)| Some((key, data_entry(e)?)))
+        else {
+            continue;
+        };
+        let declared = variables.iter().find(|v| v.name == name && v.kind == kind);
+        let (Some(declared), Some(stored)) = (declared, record.value) else {
+            continue;
+        };
+        if declared.schema_version == record.schema_version {
+            continue;
+        }
+        let value = unpack_entry(&store_key, &stored).map_err(|e| e.to_string())?.1.to_vec();
+        bytes += value.len();
+        let entry = Some((name, part));
+        sample.push(SampledValue { key, schema_version: record.schema_version, value, entry });
+        if sample.len() == MIGRATION_SAMPLE_KEYS || bytes >= MIGRATION_SAMPLE_BYTES_MAX {
+            break;
+        }
+    }
+    Ok(sample)
+}
+
+/// The variable, its kind and the part a store entry holds, for the entries that hold
+/// a plugin's bytes (not a list's length or a timer).
+fn data_entry(entry: Entry) -> Option<(String, VariableKind, StatePart)> {
+    match entry {
+        Entry::Value(name) => Some((name, VariableKind::Value, StatePart::Value)),
+        Entry::ListElement(name, _) => Some((name, VariableKind::List, StatePart::ListElement)),
+        Entry::MapEntry(name, _) => Some((name, VariableKind::Map, StatePart::MapValue)),
+        Entry::ListNext(_) | Entry::Timer(..) => None,
+    }
 }

@@ -67,6 +67,24 @@ pub struct Variable {
     pub kind: VariableKind,
     /// Its time-to-live, if its entries expire.
     pub ttl: Option<Ttl>,
+    /// The layout version of its bytes: entries stored under another version are
+    /// converted through [`Migrate`] when a call reads them.
+    pub schema_version: u32,
+}
+
+/// Converts an entry that a variable stored under an older layout (the plugin's
+/// `migrate-state`), for a call that reads it. Implemented by a loaded plugin on an
+/// instance of its own, since the call that reads is still running in the main one.
+pub trait Migrate: Send {
+    /// The bytes of `part` of `variable`, stored under `from_version`, in the
+    /// variable's current layout.
+    fn migrate(
+        &mut self,
+        variable: &str,
+        part: StatePart,
+        from_version: u32,
+        bytes: &[u8],
+    ) -> Result<Vec<u8>, CallError>;
 }
 
 /// Checks that a pipeline can run the variables' TTLs: an event-time TTL needs a
@@ -133,16 +151,24 @@ pub fn unpack_entry<'b>(store_key: &str, stored: &'b [u8]) -> Result<(Option<Exp
     Ok((Some(Expiry { event_time, at_ms }), bytes))
 }
 
-/// A list element as stored: its store key, its expiry and the plugin's bytes.
-type StoredElement = (String, Option<Expiry>, Vec<u8>);
+/// A list element as stored: its store key, its expiry, the plugin's bytes and the
+/// schema version they were written under.
+type StoredElement = (String, Option<Expiry>, Vec<u8>, u32);
 
 /// Why an initial-state load stopped: the index of the line's (key, state) pair, the
 /// key and the call's failure.
 pub type InitialStateRefused = (usize, String, CallError);
 
-/// Checks the variables a plugin declared: valid, unique names, positive TTLs.
+/// Checks the variables a plugin declared: valid, unique names, positive TTLs, schema
+/// versions from 1.
 pub fn check_variables(variables: &[Variable]) -> Result<(), String> {
     for (i, v) in variables.iter().enumerate() {
+        if v.schema_version == 0 {
+            return Err(format!(
+                "init declared variable {:?} with schema-version 0: versions start at 1 (raise it when the variable's layout changes)",
+                v.name
+            ));
+        }
         if let Some(ttl) = v.ttl.filter(|t| t.duration_ms <= 0) {
             return Err(format!(
                 "init declared variable {:?} with a TTL of {} ms: a TTL's duration-ms must be greater than zero",
@@ -195,13 +221,17 @@ pub enum KeyStateError {
 }
 
 /// A request failed: refused, or the store failed under it (the call then traps and
-/// the batch stops with the store's error).
+/// the batch stops with the store's error), or an entry it read could not be
+/// converted to its variable's layout (the call then traps, and the pipeline's error
+/// policy decides).
 #[derive(Debug)]
 pub enum RequestError {
     /// The plugin's request was refused.
     Refused(KeyStateError),
     /// Reading the store failed.
     Store(StoreError),
+    /// `migrate-state` failed for an entry the request read: why.
+    Migration(String),
 }
 
 impl From<KeyStateError> for RequestError {
@@ -332,6 +362,11 @@ pub struct KeyCall {
     event_time_ms: i64,
     /// Changes applied whatever the call's result (the handled timer's removal).
     forced: Vec<String>,
+    /// Converted entries written back (not counted against `state_writes_per_call_max`:
+    /// bounded by what one request may read).
+    migrated: BTreeMap<String, Option<KeyRecord>>,
+    /// Converts entries stored under an older layout; none: such an entry fails the read.
+    pub migrator: Option<Box<dyn Migrate>>,
     /// A store read failed under the call.
     pub store_error: Option<StoreError>,
 }
@@ -358,6 +393,8 @@ impl KeyCall {
             staged: BTreeMap::new(),
             event_time_ms,
             forced: Vec::new(),
+            migrated: BTreeMap::new(),
+            migrator: None,
             store_error: None,
         }
     }
@@ -365,7 +402,9 @@ impl KeyCall {
     /// Applies the staged changes to the batch (`ok`), or only the forced ones.
     fn finish(mut self, ok: bool) -> BatchView {
         if ok {
-            self.view.applied.append(&mut self.staged);
+            // A converted entry the call later wrote or removed keeps what it staged.
+            self.migrated.append(&mut self.staged);
+            self.view.applied.append(&mut self.migrated);
         } else {
             for key in self.forced {
                 if let Some(after) = self.staged.remove(&key) {
@@ -381,6 +420,52 @@ impl KeyCall {
             Some(v) => Ok(v.ttl),
             None => Err(KeyStateError::UnknownVariable(name.to_owned()).into()),
         }
+    }
+
+    /// The schema version entries of variable `name` are written under.
+    fn schema_of(&self, name: &str) -> u32 {
+        self.variables.iter().find(|v| v.name == name).map_or(1, |v| v.schema_version)
+    }
+
+    /// The plugin's bytes of `record`, stored under `store_key` as `part` of variable
+    /// `name` with `expiry`, in the variable's current layout: an entry of another
+    /// schema version is converted through the migrator and written back with the
+    /// call's changes.
+    fn current(
+        &mut self,
+        name: &str,
+        part: StatePart,
+        store_key: &str,
+        stored_schema: u32,
+        (expiry, bytes): (Option<Expiry>, Vec<u8>),
+    ) -> Request<Vec<u8>> {
+        let schema_version = self.schema_of(name);
+        if stored_schema == schema_version {
+            return Ok(bytes);
+        }
+        let Some(migrator) = self.migrator.as_mut() else {
+            return Err(RequestError::Migration(format!(
+                "variable {name:?} of key {:?} holds an entry of schema {stored_schema}, and nothing can convert it to schema {schema_version}",
+                self.key
+            )));
+        };
+        let converted = migrator.migrate(name, part, stored_schema, &bytes).map_err(|e| {
+            RequestError::Migration(format!(
+                "converting variable {name:?} of key {:?} from schema {stored_schema} to {schema_version} failed: {e}",
+                self.key
+            ))
+        })?;
+        if converted.len() as u64 > self.ctx.state_bytes_max {
+            return Err(RequestError::Migration(format!(
+                "migrate-state converted variable {name:?} of key {:?} to {} bytes, over state_bytes_max ({})",
+                self.key,
+                converted.len(),
+                self.ctx.state_bytes_max
+            )));
+        }
+        let record = KeyRecord { value: Some(pack_entry(expiry, &converted)), timeout_ms: None, schema_version };
+        self.migrated.insert(store_key.to_owned(), Some(record));
+        Ok(converted)
     }
 
     /// The expiry an entry written now with `ttl` gets.
@@ -431,6 +516,7 @@ impl KeyCall {
     /// expires.
     fn entry_changes(
         &self,
+        name: &str,
         key: String,
         ttl: Option<Ttl>,
         value: Option<Vec<u8>>,
@@ -455,7 +541,7 @@ impl KeyCall {
         let record = KeyRecord {
             value: Some(pack_entry(expiry, &value)),
             timeout_ms: None,
-            schema_version: self.ctx.schema_version,
+            schema_version: self.schema_of(name),
         };
         changes.push((key, Some(record)));
         Ok(changes)
@@ -472,7 +558,7 @@ impl KeyCall {
     }
 
     fn read(&self, key: &str) -> Request<Option<KeyRecord>> {
-        match self.staged.get(key) {
+        match self.staged.get(key).or_else(|| self.migrated.get(key)) {
             Some(record) => Ok(record.clone()),
             None => Ok(self.view.get(key)?),
         }
@@ -507,7 +593,7 @@ impl KeyCall {
         let ours = |m: &BTreeMap<String, Option<KeyRecord>>| {
             m.range(prefix.to_owned()..).take_while(|(k, _)| k.starts_with(prefix)).count()
         };
-        let extra = ours(&self.view.applied) + ours(&self.staged);
+        let extra = ours(&self.view.applied) + ours(&self.migrated) + ours(&self.staged);
         let mut found: BTreeMap<String, Option<KeyRecord>> = self
             .view
             .reader
@@ -515,7 +601,7 @@ impl KeyCall {
             .into_iter()
             .map(|(k, r)| (k, Some(r)))
             .collect();
-        for layer in [&self.view.applied, &self.staged] {
+        for layer in [&self.view.applied, &self.migrated, &self.staged] {
             for (k, r) in layer.range(prefix.to_owned()..).take_while(|(k, _)| k.starts_with(prefix)) {
                 found.insert(k.clone(), r.clone());
             }
@@ -527,11 +613,24 @@ impl KeyCall {
         Ok(live)
     }
 
+    /// The plugin's bytes of the entry under `key`, `part` of variable `name`, in the
+    /// variable's current layout; `None` when it is absent or expired.
+    fn current_entry(&mut self, name: &str, part: StatePart, key: &str) -> Request<Option<Vec<u8>>> {
+        let Some(record) = self.read(key)? else {
+            return Ok(None);
+        };
+        let stored_schema = record.schema_version;
+        match self.live(key, Some(record))? {
+            Some(entry) => self.current(name, part, key, stored_schema, entry).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// `value-get`.
-    pub fn value_get(&self, name: &str) -> Request<Option<Vec<u8>>> {
+    pub fn value_get(&mut self, name: &str) -> Request<Option<Vec<u8>>> {
         self.check(name, VariableKind::Value)?;
         let key = sk::value_key(&self.key, name);
-        Ok(self.live(&key, self.read(&key)?)?.map(|(_, bytes)| bytes))
+        self.current_entry(name, StatePart::Value, &key)
     }
 
     /// `value-set`.
@@ -539,7 +638,7 @@ impl KeyCall {
         let ttl = self.check(name, VariableKind::Value)?;
         self.check_size(&value)?;
         let key = Self::checked_entry_key(sk::value_key(&self.key, name), ttl)?;
-        let changes = self.entry_changes(key, ttl, Some(value))?;
+        let changes = self.entry_changes(name, key, ttl, Some(value))?;
         self.stage_all(changes)
     }
 
@@ -547,7 +646,7 @@ impl KeyCall {
     pub fn value_clear(&mut self, name: &str) -> Request<()> {
         let ttl = self.check(name, VariableKind::Value)?;
         let key = Self::checked_entry_key(sk::value_key(&self.key, name), ttl)?;
-        let changes = self.entry_changes(key, ttl, None)?;
+        let changes = self.entry_changes(name, key, ttl, None)?;
         self.stage_all(changes)
     }
 
@@ -584,40 +683,48 @@ impl KeyCall {
         let record = KeyRecord {
             value: Some(pack_entry(expiry, &value)),
             timeout_ms: None,
-            schema_version: self.ctx.schema_version,
+            schema_version: self.schema_of(name),
         };
         changes.push((key, Some(record)));
         changes.push(self.list_meta_change(name, next + 1, len + 1));
         self.stage_all(changes)
     }
 
-    /// The list's elements in the store (expired or not) with their expiry.
+    /// The list's elements in the store (expired or not) with their expiry and the
+    /// schema version they were written under.
     fn list_elements(&self, name: &str) -> Request<Vec<StoredElement>> {
         let mut out = Vec::new();
         for (key, record) in self.range(&sk::list_prefix(&self.key, name))? {
             let stored = record.value.unwrap_or_default();
             let (expiry, bytes) = unpack_entry(&key, &stored)?;
-            out.push((key, expiry, bytes.to_vec()));
+            out.push((key, expiry, bytes.to_vec(), record.schema_version));
         }
         Ok(out)
     }
 
-    /// `list-get`: the elements not expired.
-    pub fn list_get(&self, name: &str) -> Request<Vec<Vec<u8>>> {
+    /// The list's elements not expired.
+    fn live_elements(&self, name: &str) -> Request<Vec<StoredElement>> {
+        let mut elements = self.list_elements(name)?;
+        elements.retain(|(_, e, _, _)| !e.is_some_and(|e| self.ctx.expired(e)));
+        Ok(elements)
+    }
+
+    /// `list-get`: the elements not expired, in the list's current layout.
+    pub fn list_get(&mut self, name: &str) -> Request<Vec<Vec<u8>>> {
         self.check(name, VariableKind::List)?;
-        let elements = self.list_elements(name)?;
-        Ok(elements
-            .into_iter()
-            .filter(|(_, e, _)| !e.is_some_and(|e| self.ctx.expired(e)))
-            .map(|(_, _, b)| b)
-            .collect())
+        let elements = self.live_elements(name)?;
+        let mut out = Vec::with_capacity(elements.len());
+        for (key, expiry, bytes, stored_schema) in elements {
+            out.push(self.current(name, StatePart::ListElement, &key, stored_schema, (expiry, bytes))?);
+        }
+        Ok(out)
     }
 
     /// `list-len`: with a TTL, the elements not expired (read); without, the stored
     /// length.
     pub fn list_len(&self, name: &str) -> Request<u64> {
         match self.check(name, VariableKind::List)? {
-            Some(_) => Ok(self.list_get(name)?.len() as u64),
+            Some(_) => Ok(self.live_elements(name)?.len() as u64),
             None => Ok(self.list_meta(name)?.1),
         }
     }
@@ -627,7 +734,7 @@ impl KeyCall {
         self.check(name, VariableKind::List)?;
         let elements = self.list_elements(name)?;
         let mut changes = Vec::with_capacity(elements.len() + 1);
-        for (key, expiry, _) in elements {
+        for (key, expiry, _, _) in elements {
             if let Some(e) = expiry {
                 changes.push((sk::expiry_index_key(e.event_time, e.at_ms, &key), None));
             }
@@ -645,10 +752,17 @@ impl KeyCall {
     }
 
     /// `map-get`.
-    pub fn map_get(&self, name: &str, key: &[u8]) -> Request<Option<Vec<u8>>> {
+    pub fn map_get(&mut self, name: &str, key: &[u8]) -> Request<Option<Vec<u8>>> {
         let ttl = self.check(name, VariableKind::Map)?;
         let key = self.map_key(name, key, ttl)?;
-        Ok(self.live(&key, self.read(&key)?)?.map(|(_, bytes)| bytes))
+        self.current_entry(name, StatePart::MapValue, &key)
+    }
+
+    /// `map-contains` (reads no bytes, so converts nothing).
+    pub fn map_contains(&self, name: &str, key: &[u8]) -> Request<bool> {
+        let ttl = self.check(name, VariableKind::Map)?;
+        let key = self.map_key(name, key, ttl)?;
+        Ok(self.live(&key, self.read(&key)?)?.is_some())
     }
 
     /// `map-put`.
@@ -656,7 +770,7 @@ impl KeyCall {
         let ttl = self.check(name, VariableKind::Map)?;
         let key = self.map_key(name, key, ttl)?;
         self.check_size(&value)?;
-        let changes = self.entry_changes(key, ttl, Some(value))?;
+        let changes = self.entry_changes(name, key, ttl, Some(value))?;
         self.stage_all(changes)
     }
 
@@ -664,22 +778,42 @@ impl KeyCall {
     pub fn map_remove(&mut self, name: &str, key: &[u8]) -> Request<()> {
         let ttl = self.check(name, VariableKind::Map)?;
         let key = self.map_key(name, key, ttl)?;
-        let changes = self.entry_changes(key, ttl, None)?;
+        let changes = self.entry_changes(name, key, ttl, None)?;
         self.stage_all(changes)
     }
 
-    /// `map-entries`, in byte order of the map keys, the expired ones skipped.
-    pub fn map_entries(&self, name: &str) -> Request<Vec<(Vec<u8>, Vec<u8>)>> {
-        self.check(name, VariableKind::Map)?;
+    /// The map's entries not expired, in byte order of the map keys: (store key, map
+    /// key, expiry and bytes, schema version).
+    #[allow(clippy::type_complexity)]
+    fn live_map_entries(&self, name: &str) -> Request<Vec<(String, Vec<u8>, (Option<Expiry>, Vec<u8>), u32)>> {
         let prefix = sk::map_prefix(&self.key, name);
         let mut out = Vec::new();
         for (key, record) in self.range(&prefix)? {
             let Some(map_key) = sk::map_key_of(&key, &prefix) else {
                 return Err(StoreError::Corrupt(format!("store key {key:?} is not a map entry's")).into());
             };
-            if let Some((_, bytes)) = self.live(&key, Some(record))? {
-                out.push((map_key, bytes));
+            let stored_schema = record.schema_version;
+            if let Some(entry) = self.live(&key, Some(record))? {
+                out.push((key, map_key, entry, stored_schema));
             }
+        }
+        Ok(out)
+    }
+
+    /// `map-keys`, in byte order (reads no bytes, so converts nothing).
+    pub fn map_keys(&self, name: &str) -> Request<Vec<Vec<u8>>> {
+        self.check(name, VariableKind::Map)?;
+        Ok(self.live_map_entries(name)?.into_iter().map(|(_, map_key, _, _)| map_key).collect())
+    }
+
+    /// `map-entries`, in byte order of the map keys, the expired ones skipped, in the
+    /// map's current layout.
+    pub fn map_entries(&mut self, name: &str) -> Request<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.check(name, VariableKind::Map)?;
+        let entries = self.live_map_entries(name)?;
+        let mut out = Vec::with_capacity(entries.len());
+        for (key, map_key, entry, stored_schema) in entries {
+            out.push((map_key, self.current(name, StatePart::MapValue, &key, stored_schema, entry)?));
         }
         Ok(out)
     }
@@ -957,7 +1091,7 @@ mod tests {
 
     #[test]
     fn a_ttl_must_be_positive_and_event_time_needs_a_time_field() {
-        let var = |ttl| Variable { name: "v".into(), kind: VariableKind::Value, ttl };
+        let var = |ttl| Variable { name: "v".into(), kind: VariableKind::Value, ttl, schema_version: 1 };
         let event = Ttl { duration_ms: 5, clock: TtlClock::EventTime };
         assert!(check_variables(&[var(Some(event))]).is_ok());
         let zero = check_variables(&[var(Some(Ttl { duration_ms: 0, clock: TtlClock::ProcessingTime }))]);

@@ -21,13 +21,34 @@ pub(crate) struct SampledValue {
     pub schema_version: u32,
     /// The value.
     pub value: Vec<u8>,
+    /// With a 0.2 plugin, the variable and the part of it the value is (0.1 has one
+    /// value per key).
+    pub entry: Option<(String, crate::keyed::StatePart)>,
+}
+
+impl SampledValue {
+    /// What the value is, for a refusal: `key "k"`, or `variable "v" of key "k"`.
+    fn what(&self) -> String {
+        match &self.entry {
+            None => format!("key {:?}", self.key),
+            Some((variable, part)) => {
+                let part = match part {
+                    crate::keyed::StatePart::Value => "the value",
+                    crate::keyed::StatePart::ListElement => "a list element",
+                    crate::keyed::StatePart::MapKey => "a map key",
+                    crate::keyed::StatePart::MapValue => "a map value",
+                };
+                format!("{part} of variable {variable:?} of key {:?}", self.key)
+            }
+        }
+    }
 }
 
 /// Why a check refused its candidate, if it did.
 pub(crate) type Verdict = Result<(), String>;
 
-/// Converts one stored value for the candidate `C`: (candidate, from schema, value).
-pub(crate) type Migrate<C> = fn(&mut C, u32, &[u8]) -> Result<Vec<u8>, String>;
+/// Converts one stored value for the candidate `C`.
+pub(crate) type Migrate<C> = fn(&mut C, &SampledValue) -> Result<Vec<u8>, String>;
 
 /// A check under way on its own thread. Dropping it stops the check after the
 /// migration in progress (at most `call_cpu_ms_max`) and joins the thread.
@@ -109,9 +130,9 @@ fn run<C>(mut candidate: C, migrate: Migrate<C>, plan: CheckPlan, cancel: &Atomi
         if cancel.load(Ordering::Relaxed) {
             return (candidate, Err("the pipeline stopped during the migration check".into()));
         }
-        if let Err(e) = migrate(&mut candidate, sampled.schema_version, &sampled.value) {
+        if let Err(e) = migrate(&mut candidate, sampled) {
             let why =
-                format!("cannot read key {:?} stored under state schema {}: {e}", sampled.key, sampled.schema_version);
+                format!("cannot read {} stored under state schema {}: {e}", sampled.what(), sampled.schema_version);
             return (candidate, Err(why));
         }
         let elapsed_ms = plan.clock.monotonic_ns().saturating_sub(started_ns) / 1_000_000;
@@ -137,7 +158,12 @@ mod tests {
     fn plan(values: &[(&str, &[u8])], budget_ms: u64, clock: Arc<dyn Clock>) -> CheckPlan {
         let sample = values
             .iter()
-            .map(|(key, value)| SampledValue { key: (*key).into(), schema_version: 1, value: value.to_vec() })
+            .map(|(key, value)| SampledValue {
+                key: (*key).into(),
+                schema_version: 1,
+                value: value.to_vec(),
+                entry: None,
+            })
             .collect();
         CheckPlan { sample, budget_ms, clock }
     }
@@ -151,7 +177,7 @@ mod tests {
 
     fn verdict(values: &[(&str, &[u8])], budget_ms: u64) -> Verdict {
         let clock = ManualClock::new(0);
-        let migrate: Migrate<ManualClock> = |clock, _, value| doubler(clock, value);
+        let migrate: Migrate<ManualClock> = |clock, sampled| doubler(clock, &sampled.value);
         let check =
             SwapCheck::start(clock.clone(), migrate, plan(values, budget_ms, Arc::new(clock)), "c".into(), "t".into())
                 .expect("spawn");

@@ -84,4 +84,5 @@ class Sessions {
   }
 }
 
-export const { info, init, process, handleExpiredTimer, handleInitialState, renderState } = exportKeyedPlugin(Sessions);
+export const { info, init, process, handleExpiredTimer, handleInitialState, migrateState, renderState } =
+  exportKeyedPlugin(Sessions);

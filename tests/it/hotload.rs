@@ -57,28 +57,9 @@ impl Harness {
         file.write_all(text.as_bytes()).unwrap();
     }
 
-    /// Runs batches until the committed input offset reaches the end of what was fed;
-    /// returns how many ran. The input is read ahead on a thread of its own, so a
-    /// boundary can find nothing new yet while lines are still on their way.
+    /// Runs batches until everything fed is committed; returns how many ran.
     pub(crate) fn drain(&mut self) -> u64 {
-        let fed = std::fs::metadata(self.dir.path().join("in.jsonl")).unwrap().len();
-        let mut batches = 0;
-        let mut idle = 0;
-        while self.pipeline.checkpoint().input_offset < fed {
-            if self.pipeline.next_batch().unwrap().is_some() {
-                batches += 1;
-                idle = 0;
-            } else {
-                idle += 1;
-                assert!(
-                    idle < 10_000,
-                    "no batch took the input past byte {} of {fed}",
-                    self.pipeline.checkpoint().input_offset
-                );
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-        }
-        batches
+        drain(&mut self.pipeline, &self.dir.path().join("in.jsonl"))
     }
 
     fn offer(&self, plugin: &str) {
@@ -96,21 +77,8 @@ impl Harness {
         self.pipeline.plugin_status().lock().unwrap().clone()
     }
 
-    /// Polls batch boundaries (running any batch that has input) until no candidate is
-    /// queued or under its migration check: the check runs on a thread of its own.
     fn settle(&mut self) {
-        for _ in 0..60_000 {
-            self.pipeline.next_batch().unwrap();
-            if self.status().checking.is_none() {
-                // A candidate still in the queue is taken at this boundary.
-                self.pipeline.next_batch().unwrap();
-                if self.status().checking.is_none() {
-                    return;
-                }
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        panic!("the migration check did not end within a minute");
+        settle(&mut self.pipeline);
     }
 
     pub(crate) fn outputs(&self) -> Vec<serde_json::Value> {
@@ -127,6 +95,44 @@ impl Harness {
         }
         last
     }
+}
+
+/// Runs batches until the committed input offset reaches the end of `input` as it is
+/// now; returns how many ran. The input is read ahead on a thread of its own, so a
+/// boundary can find nothing new yet while lines are still on their way.
+pub(crate) fn drain(pipeline: &mut Pipeline, input: &Path) -> u64 {
+    let fed = std::fs::metadata(input).unwrap().len();
+    let mut batches = 0;
+    let mut idle = 0;
+    while pipeline.checkpoint().input_offset < fed {
+        if pipeline.next_batch().unwrap().is_some() {
+            batches += 1;
+            idle = 0;
+        } else {
+            idle += 1;
+            assert!(idle < 10_000, "no batch took the input past byte {} of {fed}", pipeline.checkpoint().input_offset);
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    batches
+}
+
+/// Polls batch boundaries (running any batch that has input) until no candidate is
+/// queued or under its migration check: the check runs on a thread of its own.
+pub(crate) fn settle(pipeline: &mut Pipeline) {
+    let checking = |p: &Pipeline| p.plugin_status().lock().unwrap().checking.is_some();
+    for _ in 0..60_000 {
+        pipeline.next_batch().unwrap();
+        if !checking(pipeline) {
+            // A candidate still in the queue is taken at this boundary.
+            pipeline.next_batch().unwrap();
+            if !checking(pipeline) {
+                return;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    panic!("the migration check did not end within a minute");
 }
 
 #[test]

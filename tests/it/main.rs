@@ -7,6 +7,7 @@ mod admin;
 mod authoring;
 mod cli;
 mod crash;
+mod evolve;
 mod hotload;
 mod initial_state;
 mod integrity;

@@ -7,9 +7,12 @@ map state — and many timers per key, after Spark's `transformWithState`.
   `state_schema_version` and `variables` (the `Variable`s it declares), and the methods
   `init(params)`, `process(key, events, state)`, `handle_expired_timer(key, timer,
   state)`, optionally `handle_initial_state(key, state_json, state)` (default: refuses,
-  saying the plugin has none) and `render_state(variable, part, data)` (default: `None`);
+  saying the plugin has none), `migrate_state(variable, part, from_version, data)`
+  (default: refuses; `migrate_declared` converts through a function of decoded values)
+  and `render_state(variable, part, data)` (default: `None`);
 - `Variable.value(name, codec)`, `Variable.list(name, codec)`, `Variable.map(name, key,
-  value)`, each optionally `.with_ttl(Ttl.event_time(ms))` or `Ttl.processing_time(ms)`;
+  value)`, each optionally `.with_ttl(Ttl.event_time(ms))` or `Ttl.processing_time(ms)`,
+  and `.with_schema_version(n)` once the layout of its values changes;
   values are encoded by a `Codec` (JSON by default, `JsonCodec(MyDataclass)` for
   dataclasses), map keys by a `MapKey` whose bytes keep the keys' order (`StrKey`,
   `IntKey`, `U64Key`, `BytesKey`);
@@ -33,6 +36,7 @@ changes nothing (the timer of a failed timer call is gone all the same).
 `groupstate_sdk.testing.KeyedDriver` runs a `KeyedFunction` natively, with these rules.
 """
 
+import builtins
 import json
 import struct
 from dataclasses import dataclass
@@ -148,6 +152,7 @@ class Variable:
     codec: Codec
     key: Optional[MapKey] = None
     ttl: Optional[Ttl] = None
+    schema_version: int = 1
 
     @staticmethod
     def value(name: str, codec: Optional[Codec] = None) -> "Variable":
@@ -167,7 +172,14 @@ class Variable:
 
     def with_ttl(self, ttl: Ttl) -> "Variable":
         """The same variable with a time-to-live."""
-        return Variable(self.name, self.kind, self.codec, self.key, ttl)
+        return Variable(self.name, self.kind, self.codec, self.key, ttl, self.schema_version)
+
+    def with_schema_version(self, version: int) -> "Variable":
+        """The same variable with layout version `version` (1 by default; values, list
+        elements and map values, never map keys). Raise it when the layout changes:
+        entries stored under another version go through `KeyedFunction.migrate_state`
+        the first time a call reads them."""
+        return Variable(self.name, self.kind, self.codec, self.key, self.ttl, version)
 
 
 @dataclass(frozen=True)
@@ -466,6 +478,25 @@ class KeyedFunction:
             "or run without --initial-state"
         )
 
+    def migrate_state(self, variable: str, part: str, from_version: int, data: bytes) -> bytes:
+        """Converts bytes `variable` stored under its older layout `from_version` (`part`:
+        `"value"`, `"list-element"` or `"map-value"`) into the layout of its declared
+        `schema_version`. The host calls it, on an instance of its own, the first time a
+        call reads such an entry, and writes the result back with the call's changes; it
+        must depend on its arguments only. The default refuses."""
+        raise PluginError(
+            f"variable {variable!r} holds entries of layout {from_version}, and this plugin converts none: "
+            "implement KeyedFunction.migrate_state"
+        )
+
+    def migrate_declared(self, variable: str, data: bytes, old: Codec, convert: Callable[[Any], Any]) -> bytes:
+        """`data` decoded by `old`, passed through `convert`, and encoded by the codec
+        `variable` is declared with: the body of a typical `migrate_state`."""
+        declared = {v.name: v for v in type(self).variables}.get(variable)
+        if declared is None:
+            raise PluginError(f"variable {variable!r} is not declared: nothing to convert it to")
+        return declared.codec.encode(convert(old.decode(data)))
+
     def render_state(self, variable: str, part: str, data: bytes) -> Optional[str]:
         """Renders stored bytes of `variable` (`part`: `"value"`, `"list-element"`,
         `"map-key"` or `"map-value"`) as JSON text for `groupstate state`; `None` (the
@@ -499,18 +530,20 @@ def _check_variables(variables: Sequence[Variable]) -> None:
             raise PluginError(f"variable {v.name!r} is declared twice; give each variable its own name")
         if v.ttl is not None and (v.ttl.clock not in ("processing-time", "event-time") or v.ttl.duration_ms <= 0):
             raise PluginError(f"variable {v.name!r}: a TTL needs a duration over 0 ms and clock processing-time or event-time")
+        if not isinstance(v.schema_version, int) or not 1 <= v.schema_version < 2**32:
+            raise PluginError(f"variable {v.name!r}: schema_version {v.schema_version!r} must be a whole number from 1")
         seen.add(v.name)
 
 
 def _wit_variable(v: Variable) -> Any:
     if _wit_types is None:
-        return (v.name, v.kind, None if v.ttl is None else (v.ttl.duration_ms, v.ttl.clock))
+        return (v.name, v.kind, None if v.ttl is None else (v.ttl.duration_ms, v.ttl.clock), v.schema_version)
     kind = {VALUE: _wit_types.VariableKind.VALUE, LIST: _wit_types.VariableKind.LIST, MAP: _wit_types.VariableKind.MAP}[v.kind]
     ttl = None
     if v.ttl is not None:
         clock = _wit_types.TtlClock.EVENT_TIME if v.ttl.clock == "event-time" else _wit_types.TtlClock.PROCESSING_TIME
         ttl = _wit_types.Ttl(v.ttl.duration_ms, clock)
-    return _wit_types.Variable(v.name, kind, ttl)
+    return _wit_types.Variable(v.name, kind, ttl, v.schema_version)
 
 
 def run_process(instance: KeyedFunction, key: str, events: Sequence[Any], handle: Any) -> List[str]:
@@ -590,6 +623,19 @@ def export(cls: type) -> type:
 
         def handle_initial_state(self, key: str, state_json: str, state: Any) -> None:
             run_initial_state(instance("handle-initial-state"), key, state_json, state)
+
+        def migrate_state(self, variable: str, part: Any, from_version: int, bytes: bytes) -> bytes:  # noqa: A002
+            try:
+                converted = instance("migrate-state").migrate_state(
+                    variable, _enum_name(part, STATE_PARTS), from_version, bytes
+                )
+                if not isinstance(converted, (builtins.bytes, bytearray)):
+                    raise PluginError(f"migrate_state returned {type(converted).__name__}, not bytes")
+                return builtins.bytes(converted)
+            except Err:
+                raise
+            except Exception as error:  # noqa: BLE001 - every failure becomes the call's error
+                raise Err(_message(error)) from None
 
         def render_state(self, variable: str, part: Any, bytes: bytes) -> Optional[str]:  # noqa: A002 - the WIT's name
             if slot.instance is None:

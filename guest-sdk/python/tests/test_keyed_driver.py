@@ -7,7 +7,7 @@ import itertools
 import json
 import unittest
 
-from groupstate_sdk import PluginError
+from groupstate_sdk import JsonCodec, PluginError
 from groupstate_sdk.testing import Batch, KeyedDriver
 from groupstate_sdk.v2 import (
     IntKey,
@@ -190,7 +190,7 @@ class DriverTest(unittest.TestCase):
 
     def test_the_export_declares_the_variables(self):
         world = export(Probe)()
-        self.assertEqual(world.init([]), [("notes", "list", None), ("v", "value", None), ("m", "map", None)])
+        self.assertEqual(world.init([]), [("notes", "list", None, 1), ("v", "value", None, 1), ("m", "map", None, 1)])
 
         class Twice(Probe):
             variables = [Variable.value("a"), Variable.list("a")]
@@ -202,7 +202,36 @@ class DriverTest(unittest.TestCase):
         class WithTtl(Probe):
             variables = [Variable.value("a").with_ttl(Ttl.event_time(1000))]
 
-        self.assertEqual(export(WithTtl)().init([]), [("a", "value", (1000, "event-time"))])
+        self.assertEqual(export(WithTtl)().init([]), [("a", "value", (1000, "event-time"), 1)])
+
+        class Evolved(Probe):
+            variables = [Variable.value("a").with_ttl(Ttl.event_time(1000)).with_schema_version(3)]
+
+        self.assertEqual(export(Evolved)().init([]), [("a", "value", (1000, "event-time"), 3)])
+
+        class ZeroSchema(Probe):
+            variables = [Variable.value("a").with_schema_version(0)]
+
+        with self.assertRaises(Exception) as caught:
+            export(ZeroSchema)().init([])
+        self.assertIn("schema_version 0", str(caught.exception))
+
+    def test_migrate_state_refuses_by_default_and_converts_through_the_declared_codec(self):
+        world = export(Probe)()
+        world.init([])
+        with self.assertRaises(Exception) as caught:
+            world.migrate_state("v", None, 1, b"1")
+        self.assertIn("converts none", str(caught.exception))
+
+        class Widened(Probe):
+            variables = [Variable.value("v").with_schema_version(2)]
+
+            def migrate_state(self, variable, part, from_version, data):
+                return self.migrate_declared(variable, data, JsonCodec(), lambda n: {"n": n, "unit": "c"})
+
+        world = export(Widened)()
+        world.init([])
+        self.assertEqual(json.loads(world.migrate_state("v", None, 1, b"41")), {"n": 41, "unit": "c"})
 
         class ZeroTtl(Probe):
             variables = [Variable.value("a").with_ttl(Ttl.processing_time(0))]

@@ -674,6 +674,12 @@ fn check_variables(variables: &[Variable]) -> Result<(), String> {
                 v.name, ttl.duration_ms
             ));
         }
+        if v.schema_version == 0 {
+            return Err(format!(
+                "init declared variable {:?} with schema-version 0: versions start at 1 (raise it when the variable's layout changes)",
+                v.name
+            ));
+        }
     }
     Ok(())
 }
@@ -1249,5 +1255,8 @@ mod tests {
         );
         assert!(check_variables(&[Variable::value("a b")]).unwrap_err().contains("ASCII letters"));
         assert!(check_variables(&[Variable::value("a"), Variable::map("a")]).unwrap_err().contains("twice"));
+        let zero = check_variables(&[Variable::list("a").with_schema_version(0)]).unwrap_err();
+        assert!(zero.contains("schema-version 0"), "{zero}");
+        assert!(check_variables(&[Variable::list("a").with_schema_version(7)]).is_ok());
     }
 }

@@ -344,20 +344,24 @@ impl Runtime {
                 message: format!("does not export the state-function world: {e:#}"),
             })?)
         };
-        let mut plugin = Plugin {
+        let recipe = Recipe {
             path: path.to_owned(),
-            sha256: cache::sha256_hex(&bytes),
-            size_bytes: bytes.len(),
             pre,
             params: params.to_vec(),
             limits: self.limits.clone(),
             ticker: self.ticker.clone(),
             engine: self.engine.clone(),
+        };
+        let mut plugin = Plugin {
+            recipe: Arc::new(recipe),
+            sha256: cache::sha256_hex(&bytes),
+            size_bytes: bytes.len(),
             live: None,
             info: PluginInfo { name: String::new(), version: String::new(), state_schema_version: 0 },
             variables: Arc::default(),
+            migrator: None,
         };
-        let live = plugin.instantiate().map_err(|e| match e {
+        let live = plugin.recipe.instantiate().map_err(|e| match e {
             StartError::Instantiate(message) => PluginError::Instantiate { path: path.to_owned(), message },
             StartError::Init(message) => PluginError::Init { path: path.to_owned(), message },
         })?;
@@ -528,27 +532,36 @@ struct Live {
     info: PluginInfo,
 }
 
-/// A loaded plugin: the pre-instantiated component and one live instance, re-made
-/// after a trap.
-pub struct Plugin {
+/// What it takes to make a live instance of a loaded plugin: shared by the plugin's
+/// instance and, for a 0.2 plugin, the instance that converts old entries.
+struct Recipe {
     path: PathBuf,
-    sha256: String,
-    size_bytes: usize,
     pre: Pre,
     params: Vec<(String, String)>,
     limits: Limits,
     /// Keeps the epoch advancing while the plugin lives (`None`: no CPU limit).
     ticker: Option<Arc<EpochTicker>>,
     engine: Engine,
+}
+
+/// A loaded plugin: the pre-instantiated component and one live instance, re-made
+/// after a trap.
+pub struct Plugin {
+    recipe: Arc<Recipe>,
+    sha256: String,
+    size_bytes: usize,
     live: Option<Live>,
     info: PluginInfo,
     /// The variables a 0.2 plugin declared at load; every instance must declare them.
     variables: Arc<Vec<crate::keyed::Variable>>,
+    /// A 0.2 plugin's second instance, for `migrate-state` while a call reads (made
+    /// when first needed); it is lent to each call.
+    migrator: Option<Box<dyn crate::keyed::Migrate>>,
 }
 
 impl std::fmt::Debug for Plugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Plugin").field("path", &self.path).field("info", &self.info).finish_non_exhaustive()
+        f.debug_struct("Plugin").field("path", &self.recipe.path).field("info", &self.info).finish_non_exhaustive()
     }
 }
 
@@ -614,40 +627,7 @@ fn clip_message(message: &str) -> String {
     output::escape_unprintable(&output::clip_chars(message, ERROR_MESSAGE_BYTES_MAX))
 }
 
-impl Plugin {
-    /// What the plugin said about itself.
-    pub fn info(&self) -> &PluginInfo {
-        &self.info
-    }
-
-    /// The component's sha256, hex.
-    pub fn sha256(&self) -> &str {
-        &self.sha256
-    }
-
-    /// The component's size in bytes.
-    pub fn size_bytes(&self) -> usize {
-        self.size_bytes
-    }
-
-    /// The plugin file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// The world the component targets: 1 for `groupstate:plugin@0.1.0`, 2 for 0.2.0.
-    pub fn state_api(&self) -> u32 {
-        match self.pre {
-            Pre::V1(_) => 1,
-            Pre::V2(_) => 2,
-        }
-    }
-
-    /// The state variables a 0.2 plugin declared (none for 0.1).
-    pub fn variables(&self) -> Arc<Vec<crate::keyed::Variable>> {
-        self.variables.clone()
-    }
-
+impl Recipe {
     fn instantiate(&self) -> Result<Live, StartError> {
         let env = Arc::new(VirtualEnv::default());
         let file_name = self.path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
@@ -733,10 +713,63 @@ impl Plugin {
         self.ticker.as_ref().map(|_| self.limits.call_cpu_ms_max.div_ceil(EPOCH_TICK_MS) + 1)
     }
 
+    /// A live instance made anew, checked to say what the plugin said at load.
+    fn live_checked(&self, info: &PluginInfo, variables: &[crate::keyed::Variable]) -> Result<Live, CallError> {
+        let live = self.instantiate().map_err(|e| CallError::Reinstantiate(e.to_string()))?;
+        if live.info != *info {
+            return Err(CallError::Reinstantiate(clip_message(&format!(
+                "info() changed from {info:?} to {:?}",
+                live.info
+            ))));
+        }
+        if live.variables != variables {
+            return Err(CallError::Reinstantiate(clip_message(&format!(
+                "init() declared other variables than at load: {:?}, not {variables:?}",
+                live.variables
+            ))));
+        }
+        Ok(live)
+    }
+}
+
+impl Plugin {
+    /// What the plugin said about itself.
+    pub fn info(&self) -> &PluginInfo {
+        &self.info
+    }
+
+    /// The component's sha256, hex.
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    /// The component's size in bytes.
+    pub fn size_bytes(&self) -> usize {
+        self.size_bytes
+    }
+
+    /// The plugin file.
+    pub fn path(&self) -> &Path {
+        &self.recipe.path
+    }
+
+    /// The world the component targets: 1 for `groupstate:plugin@0.1.0`, 2 for 0.2.0.
+    pub fn state_api(&self) -> u32 {
+        match self.recipe.pre {
+            Pre::V1(_) => 1,
+            Pre::V2(_) => 2,
+        }
+    }
+
+    /// The state variables a 0.2 plugin declared (none for 0.1).
+    pub fn variables(&self) -> Arc<Vec<crate::keyed::Variable>> {
+        self.variables.clone()
+    }
+
     /// Calls `process` for one key. On `Ok`, the outcome holds the staged state,
     /// timeout and outputs; on `Err` nothing of the call is kept.
     pub fn call(&mut self, kind: TimeoutKind, req: &CallRequest<'_>) -> Result<CallOutcome, CallError> {
-        let (ticks, state_bytes_max) = (self.deadline_ticks(), self.limits.state_bytes_max);
+        let (ticks, state_bytes_max) = (self.deadline_ticks(), self.recipe.limits.state_bytes_max);
         let live = self.live()?;
         let Bindings::V1(bindings) = &live.bindings else {
             return Err(CallError::BadResult("the plugin targets groupstate:plugin@0.2.0, not 0.1.0".into()));
@@ -749,7 +782,7 @@ impl Plugin {
             self.live = None;
             return Err(CallError::Trap(format!(
                 "no room for the group-state handle (instance_resources_max = {}: the plugin holds too many handles; drop the ones it no longer uses)",
-                self.limits.instance_resources_max
+                self.recipe.limits.instance_resources_max
             )));
         };
         let borrowed = wasmtime::component::Resource::<GroupStateHandle>::new_borrow(resource.rep());
@@ -758,7 +791,7 @@ impl Plugin {
         let handle = live.store.data_mut().table.delete(resource);
         let log = live.store.data().log.clone();
         let outcome = match (result, handle) {
-            (Ok(Ok(outputs)), Ok(handle)) => check_outputs(outputs, &self.limits).map(|outputs| {
+            (Ok(Ok(outputs)), Ok(handle)) => check_outputs(outputs, &self.recipe.limits).map(|outputs| {
                 let (value, timeout_ms) = handle.into_staged();
                 CallOutcome { value, timeout_ms, outputs }
             }),
@@ -766,7 +799,7 @@ impl Plugin {
             (Err(e), _) => {
                 // After a trap the store is poisoned: drop it, re-make it next call.
                 self.live = None;
-                Err(CallError::Trap(trap_message(&e, &self.limits, &log)))
+                Err(CallError::Trap(trap_message(&e, &self.recipe.limits, &log)))
             }
             (Ok(Ok(_)), Err(e)) => {
                 self.live = None;
@@ -780,22 +813,14 @@ impl Plugin {
     /// The live instance, made anew if the last call trapped.
     fn live(&mut self) -> Result<&mut Live, CallError> {
         if self.live.is_none() {
-            let live = self.instantiate().map_err(|e| CallError::Reinstantiate(e.to_string()))?;
-            if live.info != self.info {
-                return Err(CallError::Reinstantiate(clip_message(&format!(
-                    "info() changed from {:?} to {:?}",
-                    self.info, live.info
-                ))));
-            }
-            if live.variables != *self.variables {
-                return Err(CallError::Reinstantiate(clip_message(&format!(
-                    "init() declared other variables than at load: {:?}, not {:?}",
-                    live.variables, self.variables
-                ))));
-            }
-            self.live = Some(live);
+            self.live = Some(self.recipe.live_checked(&self.info, &self.variables)?);
         }
         self.live.as_mut().ok_or_else(|| CallError::Reinstantiate("no instance".into()))
+    }
+
+    /// `call_cpu_ms_max` in epoch ticks; see [`Recipe::deadline_ticks`].
+    fn deadline_ticks(&self) -> Option<u64> {
+        self.recipe.deadline_ticks()
     }
 
     /// Converts a state value from an older schema version through `migrate-state`.
@@ -804,25 +829,25 @@ impl Plugin {
         let live = self.live()?;
         let Bindings::V1(bindings) = &live.bindings else {
             return Err(CallError::Returned(
-                "a groupstate:plugin@0.2.0 plugin cannot migrate state yet; keep its state-schema-version".into(),
+                "a groupstate:plugin@0.2.0 plugin converts its entries per variable (migrate-state with the variable's name), not whole values".into(),
             ));
         };
         let log = live.store.data().log.clone();
         set_deadline(&mut live.store, ticks);
         let result = bindings.call_migrate_state(&mut live.store, from_version, value);
         let outcome = match result {
-            Ok(Ok(v)) if v.len() as u64 <= self.limits.state_bytes_max => Ok(v),
+            Ok(Ok(v)) if v.len() as u64 <= self.recipe.limits.state_bytes_max => Ok(v),
             Ok(Ok(v)) => Err(CallError::BadResult(format!(
                 "migrate-state returned {} bytes, over state_bytes_max ({})",
                 v.len(),
-                self.limits.state_bytes_max
+                self.recipe.limits.state_bytes_max
             ))),
             Ok(Err(message)) => {
                 Err(CallError::Returned(clip_message(&format!("migrate-state from schema {from_version}: {message}"))))
             }
             Err(e) => {
                 self.live = None;
-                Err(CallError::Trap(trap_message(&e, &self.limits, &log)))
+                Err(CallError::Trap(trap_message(&e, &self.recipe.limits, &log)))
             }
         };
         log.flush(Activity::Migrate(from_version));

@@ -5,11 +5,16 @@
 
 use wasmtime::component::Resource;
 
-use super::{Activity, CallError, HostState, Plugin, check_outputs, clip_message, set_deadline, trap_message};
+use std::sync::Arc;
+
+use super::{
+    Activity, Bindings, CallError, HostState, Live, Plugin, PluginInfo, Recipe, check_outputs, clip_message,
+    set_deadline, trap_message,
+};
 use crate::config::TimeoutKind;
 use crate::keyed::{
-    KeyCall, KeyStateError, KeyedFunction, RENDERED_BYTES_MAX, RequestError, StatePart, Timer, Ttl, TtlClock, Variable,
-    VariableKind,
+    KeyCall, KeyStateError, KeyedFunction, Migrate, RENDERED_BYTES_MAX, RequestError, StatePart, Timer, Ttl, TtlClock,
+    Variable, VariableKind,
 };
 use crate::plugin::Event;
 
@@ -49,7 +54,16 @@ impl From<types::Variable> for Variable {
                 types::TtlClock::EventTime => TtlClock::EventTime,
             },
         });
-        Self { name: v.name, kind, ttl }
+        Self { name: v.name, kind, ttl, schema_version: v.schema_version }
+    }
+}
+
+fn wit_part(part: StatePart) -> types::StatePart {
+    match part {
+        StatePart::Value => types::StatePart::Value,
+        StatePart::ListElement => types::StatePart::ListElement,
+        StatePart::MapKey => types::StatePart::MapKey,
+        StatePart::MapValue => types::StatePart::MapValue,
     }
 }
 
@@ -95,6 +109,8 @@ impl HostState {
                 call.store_error = Some(e);
                 Err(wasmtime::Error::msg(message))
             }
+            // The plugin's own conversion failed: the call fails like a trapped one.
+            Err(RequestError::Migration(message)) => Err(wasmtime::Error::msg(message)),
         }
     }
 }
@@ -127,7 +143,7 @@ impl state::HostKeyState for HostState {
         self.answer(|c| c.map_get(&name, &key))
     }
     fn map_contains(&mut self, _: H, name: String, key: Vec<u8>) -> Answer<bool> {
-        self.answer(|c| Ok(c.map_get(&name, &key)?.is_some()))
+        self.answer(|c| c.map_contains(&name, &key))
     }
     fn map_put(&mut self, _: H, name: String, key: Vec<u8>, value: Vec<u8>) -> Answer<()> {
         self.answer(|c| c.map_put(&name, &key, value))
@@ -136,7 +152,7 @@ impl state::HostKeyState for HostState {
         self.answer(|c| c.map_remove(&name, &key))
     }
     fn map_keys(&mut self, _: H, name: String) -> Answer<Vec<Vec<u8>>> {
-        self.answer(|c| Ok(c.map_entries(&name)?.into_iter().map(|(k, _)| k).collect()))
+        self.answer(|c| c.map_keys(&name))
     }
     fn map_entries(&mut self, _: H, name: String) -> Answer<Vec<(Vec<u8>, Vec<u8>)>> {
         self.answer(|c| c.map_entries(&name))
@@ -200,7 +216,7 @@ impl Plugin {
             Ok(live) => live,
             Err(e) => return (Err(e), call),
         };
-        let super::Bindings::V2(bindings) = &live.bindings else {
+        let Bindings::V2(bindings) = &live.bindings else {
             let why = "the plugin targets groupstate:plugin@0.1.0, not 0.2.0".to_owned();
             return (Err(CallError::BadResult(why)), call);
         };
@@ -214,7 +230,7 @@ impl Plugin {
                 self.live = None;
                 let why = format!(
                     "no room for the key-state handle (instance_resources_max = {}: the plugin holds too many handles; drop the ones it no longer uses)",
-                    self.limits.instance_resources_max
+                    self.recipe.limits.instance_resources_max
                 );
                 return (Err(CallError::Trap(why)), call.expect("the call was just put there"));
             }
@@ -242,11 +258,11 @@ impl Plugin {
         let call = live.store.data_mut().keyed.take().expect("the call stays in the store while it runs");
         let log = live.store.data().log.clone();
         let outcome = match (result, deleted) {
-            (Ok(Ok(outputs)), Ok(_)) => check_outputs(outputs, &self.limits),
+            (Ok(Ok(outputs)), Ok(_)) => check_outputs(outputs, &self.recipe.limits),
             (Ok(Err(message)), _) => Err(CallError::Returned(clip_message(&message))),
             (Err(e), _) => {
                 self.live = None;
-                Err(CallError::Trap(trap_message(&e, &self.limits, &log)))
+                Err(CallError::Trap(trap_message(&e, &self.recipe.limits, &log)))
             }
             (Ok(Ok(_)), Err(e)) => {
                 self.live = None;
@@ -265,17 +281,11 @@ impl Plugin {
     pub fn render_state(&mut self, variable: &str, part: StatePart, bytes: &[u8]) -> Option<String> {
         let ticks = self.deadline_ticks();
         let live = self.live().ok()?;
-        let super::Bindings::V2(bindings) = &live.bindings else {
+        let Bindings::V2(bindings) = &live.bindings else {
             return None;
         };
-        let part = match part {
-            StatePart::Value => types::StatePart::Value,
-            StatePart::ListElement => types::StatePart::ListElement,
-            StatePart::MapKey => types::StatePart::MapKey,
-            StatePart::MapValue => types::StatePart::MapValue,
-        };
         set_deadline(&mut live.store, ticks);
-        match bindings.call_render_state(&mut live.store, variable, part, bytes) {
+        match bindings.call_render_state(&mut live.store, variable, wit_part(part), bytes) {
             Ok(Some(text)) if text.len() <= RENDERED_BYTES_MAX => {
                 let valid = serde_json::from_str::<serde::de::IgnoredAny>(&text).is_ok();
                 valid.then_some(text)
@@ -287,17 +297,115 @@ impl Plugin {
             }
         }
     }
+
+    /// `migrate-state(variable, part, from-version, bytes)` on the plugin's own
+    /// instance, outside any call (a hot-swap candidate's check).
+    pub fn migrate_entry(
+        &mut self,
+        variable: &str,
+        part: StatePart,
+        from_version: u32,
+        bytes: &[u8],
+    ) -> Result<Vec<u8>, CallError> {
+        let recipe = self.recipe.clone();
+        let live = self.live()?;
+        let (result, trapped) = migrate_state(&recipe, live, variable, part, from_version, bytes);
+        if trapped {
+            self.live = None;
+        }
+        result
+    }
+
+    /// One 0.2 call, with the migrator lent to it for the entries it reads.
+    fn call_lending(&mut self, mut call: KeyCall, export: Export<'_>) -> (Result<Vec<String>, CallError>, KeyCall) {
+        let migrator = self.migrator.take().unwrap_or_else(|| {
+            Box::new(Migrator {
+                recipe: self.recipe.clone(),
+                info: self.info.clone(),
+                variables: self.variables.clone(),
+                live: None,
+            })
+        });
+        call.migrator = Some(migrator);
+        let (result, mut call) = self.call_keyed(call, export);
+        self.migrator = call.migrator.take();
+        (result, call)
+    }
+}
+
+/// `migrate-state` on `live`; the flag says it trapped (the instance must go).
+fn migrate_state(
+    recipe: &Recipe,
+    live: &mut Live,
+    variable: &str,
+    part: StatePart,
+    from_version: u32,
+    bytes: &[u8],
+) -> (Result<Vec<u8>, CallError>, bool) {
+    let Bindings::V2(bindings) = &live.bindings else {
+        return (Err(CallError::BadResult("the plugin targets groupstate:plugin@0.1.0, not 0.2.0".into())), false);
+    };
+    let log = live.store.data().log.clone();
+    set_deadline(&mut live.store, recipe.deadline_ticks());
+    let result = bindings.call_migrate_state(&mut live.store, variable, wit_part(part), from_version, bytes);
+    let state_bytes_max = recipe.limits.state_bytes_max;
+    let outcome = match result {
+        Ok(Ok(v)) if v.len() as u64 <= state_bytes_max => (Ok(v), false),
+        Ok(Ok(v)) => {
+            let why = format!("migrate-state returned {} bytes, over state_bytes_max ({state_bytes_max})", v.len());
+            (Err(CallError::BadResult(why)), false)
+        }
+        Ok(Err(message)) => (
+            Err(CallError::Returned(clip_message(&format!(
+                "migrate-state of variable {variable:?} from schema {from_version}: {message}"
+            )))),
+            false,
+        ),
+        Err(e) => (Err(CallError::Trap(trap_message(&e, &recipe.limits, &log))), true),
+    };
+    log.flush(Activity::Migrate(from_version));
+    outcome
+}
+
+/// A 0.2 plugin's second instance, which converts the entries a running call reads
+/// from an older layout (the call's own instance cannot be entered again while it
+/// waits for its read). Made on the first conversion, re-made after a trap.
+struct Migrator {
+    recipe: Arc<Recipe>,
+    info: PluginInfo,
+    variables: Arc<Vec<Variable>>,
+    live: Option<Live>,
+}
+
+impl Migrate for Migrator {
+    fn migrate(
+        &mut self,
+        variable: &str,
+        part: StatePart,
+        from_version: u32,
+        bytes: &[u8],
+    ) -> Result<Vec<u8>, CallError> {
+        let live = match &mut self.live {
+            Some(live) => live,
+            None => self.live.insert(self.recipe.live_checked(&self.info, &self.variables)?),
+        };
+        let (result, trapped) = migrate_state(&self.recipe, live, variable, part, from_version, bytes);
+        if trapped {
+            self.live = None;
+        }
+        result
+    }
 }
 
 impl KeyedFunction for Plugin {
     fn process(&mut self, call: KeyCall, events: &[Event]) -> (Result<Vec<String>, CallError>, KeyCall) {
-        self.call_keyed(call, Export::Process(events))
+        self.call_lending(call, Export::Process(events))
     }
     fn expired_timer(&mut self, call: KeyCall, timer: &Timer) -> (Result<Vec<String>, CallError>, KeyCall) {
-        self.call_keyed(call, Export::Timer(timer))
+        self.call_lending(call, Export::Timer(timer))
     }
     fn initial_state(&mut self, call: KeyCall, state_json: &str) -> (Result<(), CallError>, KeyCall) {
-        let (result, call) = self.call_keyed(call, Export::InitialState(state_json));
+        let (result, call) = self.call_lending(call, Export::InitialState(state_json));
         (result.map(|_| ()), call)
     }
 }

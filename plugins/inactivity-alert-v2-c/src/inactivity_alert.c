@@ -69,7 +69,7 @@ bool exports_keyed_state_function_init(keyed_state_function_list_tuple2_string_s
             (config.timeout_ms > 0 || gs_param_error("timeout_ms", "must be greater than 0 ms, got ", config.timeout_ms, err));
   keyed_state_function_list_tuple2_string_string_free(params);
   if (!ok) return false;
-  static const gs_variable_decl variables[] = {{ACTIVITY, GROUPSTATE_PLUGIN_TYPES_VARIABLE_KIND_VALUE, 0, 0}};
+  static const gs_variable_decl variables[] = {{ACTIVITY, GROUPSTATE_PLUGIN_TYPES_VARIABLE_KIND_VALUE, 0, 0, 1}};
   gs_variables(variables, 1, ret);
   config.initialized = true;
   return true;
@@ -127,6 +127,14 @@ bool exports_keyed_state_function_handle_expired_timer(gs_string *key, keyed_sta
 bool exports_keyed_state_function_handle_initial_state(gs_string *key, gs_string *state_json, gs_key_state state,
                                                        gs_string *err) {
   return gs_export_no_initial_state(key, state_json, err);
+}
+
+bool exports_keyed_state_function_migrate_state(gs_string *variable, keyed_state_function_state_part_t part,
+                                                uint32_t from_version, keyed_state_function_list_u8_t *bytes,
+                                                keyed_state_function_list_u8_t *ret, gs_string *err) {
+  (void)part;
+  (void)ret;
+  return gs_export_no_migrate(variable, from_version, bytes, err);
 }
 
 bool exports_keyed_state_function_render_state(gs_string *variable, keyed_state_function_state_part_t part,

@@ -1,7 +1,10 @@
 //! `groupstate state` of a 0.2 state dir: every group key's variables (values, list
 //! elements, map entries, each with its expiry if it has one) and timers, one JSON
 //! line per key, the bytes decoded through the plugin's `render-state` when `--plugin`
-//! is given and it answers, in hex otherwise.
+//! is given and it answers, in hex otherwise. An entry stored under another layout
+//! than its variable's current one (the plugin's declared one, or the first without
+//! `--plugin`) shows its `schema_version`, and with `--plugin` is converted through
+//! the plugin's `migrate-state` before it is rendered (the store is not changed).
 
 use std::io::Write;
 
@@ -25,6 +28,37 @@ impl Renderer {
         match rendered.and_then(|text| serde_json::from_str::<Value>(&text).ok()) {
             Some(value) => drop(out.insert(field.to_owned(), value)),
             None => drop(out.insert(format!("{field}_hex"), Value::String(hex(bytes)))),
+        }
+    }
+
+    /// [`Self::put`] for bytes stored under layout `stored_schema`. When that is not
+    /// the variable's current layout (the plugin's declared one, or the first without
+    /// `--plugin`), `schema_version` shows it, and the plugin converts the bytes before
+    /// they are rendered (hex of the stored bytes when it cannot).
+    fn put_stored(
+        &mut self,
+        out: &mut Map<String, Value>,
+        variable: &str,
+        part: StatePart,
+        bytes: &[u8],
+        stored_schema: u32,
+    ) {
+        let declared = self
+            .plugin
+            .as_ref()
+            .and_then(|p| p.variables().iter().find(|v| v.name == variable).map(|v| v.schema_version));
+        if stored_schema == declared.unwrap_or(1) {
+            return self.put(out, "value", variable, part, bytes);
+        }
+        out.insert("schema_version".into(), stored_schema.into());
+        let converted = match (declared, self.plugin.as_mut()) {
+            (Some(_), Some(p)) => p.migrate_entry(variable, part, stored_schema, bytes).ok(),
+            _ => None,
+        };
+        match converted {
+            Some(converted) => self.put(out, "value", variable, part, &converted),
+            None if declared.is_none() => self.put(out, "value", variable, part, bytes),
+            None => drop(out.insert("value_hex".into(), Value::String(hex(bytes)))),
         }
     }
 }
@@ -78,14 +112,14 @@ fn add(view: &mut KeyView, store_key: &str, entry: Entry, record: &KeyRecord, re
         Entry::Value(name) => {
             let (expiry, bytes) = unpack_entry(store_key, stored)?;
             let slot = view.variable(&name, "value");
-            render.put(slot, "value", &name, StatePart::Value, bytes);
+            render.put_stored(slot, &name, StatePart::Value, bytes, record.schema_version);
             expiry_fields(slot, expiry);
         }
         Entry::ListElement(name, index) => {
             let (expiry, bytes) = unpack_entry(store_key, stored)?;
             let mut element = Map::new();
             element.insert("index".into(), index.into());
-            render.put(&mut element, "value", &name, StatePart::ListElement, bytes);
+            render.put_stored(&mut element, &name, StatePart::ListElement, bytes, record.schema_version);
             expiry_fields(&mut element, expiry);
             push(view.variable(&name, "list"), "elements", element);
         }
@@ -93,7 +127,7 @@ fn add(view: &mut KeyView, store_key: &str, entry: Entry, record: &KeyRecord, re
             let (expiry, bytes) = unpack_entry(store_key, stored)?;
             let mut entry = Map::new();
             render.put(&mut entry, "key", &name, StatePart::MapKey, &map_key);
-            render.put(&mut entry, "value", &name, StatePart::MapValue, bytes);
+            render.put_stored(&mut entry, &name, StatePart::MapValue, bytes, record.schema_version);
             expiry_fields(&mut entry, expiry);
             push(view.variable(&name, "map"), "entries", entry);
         }
