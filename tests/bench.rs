@@ -51,7 +51,7 @@ const WINDOW_MS: i64 = 60_000;
 mod kafka;
 
 fn main() {
-    groupstate::allocator::return_freed_memory_sooner();
+    groupstate::allocator::configure();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let flag = |name: &str, default: &str| -> String {
         args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned().unwrap_or_else(|| default.to_owned())

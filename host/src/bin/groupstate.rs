@@ -317,7 +317,7 @@ fn new_project(args: NewArgs) -> Result<()> {
 }
 
 fn main() {
-    groupstate::allocator::return_freed_memory_sooner();
+    groupstate::allocator::configure();
     let cli = Cli::parse();
     let quiet = matches!(&cli.command, Command::Run(args) if args.quiet);
     logging::install(cli.log_format, quiet);
