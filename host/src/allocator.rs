@@ -15,8 +15,8 @@ const PURGE_DELAY_MS: std::ffi::c_long = 10;
 /// `MIMALLOC_PURGE_DELAY` is set (mimalloc reads its own variables), and turns
 /// transparent huge pages off for the process, unless `MIMALLOC_ALLOW_THP` is set.
 /// mimalloc asks for huge pages on its arenas, so every page its purge returned was
-/// faulted back in as 2 MiB that the kernel zeroes: at 10 000 keys some 20% of the CPU
-/// time went there (BENCHMARKS.md). mimalloc's own `allow_thp` option comes too late
+/// faulted back in as 2 MiB that the kernel zeroes: over 10 000 keys a run took 15%
+/// more CPU time, and over a million keys its peak held 48 MiB more (BENCHMARKS.md). mimalloc's own `allow_thp` option comes too late
 /// here (its first arena is reserved before `main`), so the process opts out with
 /// `prctl`, which holds for every later fault. Call it first in `main`, before any
 /// other thread runs.
