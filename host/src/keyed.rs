@@ -155,6 +155,10 @@ pub fn unpack_entry<'b>(store_key: &str, stored: &'b [u8]) -> Result<(Option<Exp
 /// schema version they were written under.
 type StoredElement = (String, Option<Expiry>, Vec<u8>, u32);
 
+/// A map entry as stored: its store key, its map key, its expiry and the plugin's
+/// bytes, and the schema version they were written under.
+type StoredMapEntry = (String, Vec<u8>, (Option<Expiry>, Vec<u8>), u32);
+
 /// Why an initial-state load stopped: the index of the line's (key, state) pair, the
 /// key and the call's failure.
 pub type InitialStateRefused = (usize, String, CallError);
@@ -782,10 +786,8 @@ impl KeyCall {
         self.stage_all(changes)
     }
 
-    /// The map's entries not expired, in byte order of the map keys: (store key, map
-    /// key, expiry and bytes, schema version).
-    #[allow(clippy::type_complexity)]
-    fn live_map_entries(&self, name: &str) -> Request<Vec<(String, Vec<u8>, (Option<Expiry>, Vec<u8>), u32)>> {
+    /// The map's entries not expired, in byte order of the map keys.
+    fn live_map_entries(&self, name: &str) -> Request<Vec<StoredMapEntry>> {
         let prefix = sk::map_prefix(&self.key, name);
         let mut out = Vec::new();
         for (key, record) in self.range(&prefix)? {
