@@ -6,11 +6,14 @@
 //! joins its thread.
 //!
 //! - `GET /plugin`: the running plugin, the batch it runs from, the swaps so far and
-//!   the last refusal, as JSON.
+//!   the last refusal, as JSON; for a Kafka run, that of each partition the process
+//!   runs (`{"newest": ..., "partitions": [{"partition": N, ...}]}`).
 //! - `POST /plugin` with the component as the body: compiled, instantiated and
-//!   initialised here (off the processing path), then queued; the pipeline checks it
-//!   against the stored state and swaps at the next batch boundary. 202 when queued,
-//!   422 with the reason when the component is refused.
+//!   initialised here (off the processing path), then offered to the run's
+//!   `SwapTarget`: each pipeline (each partition of a Kafka run) checks it against its
+//!   stored state and swaps at a batch boundary of its own. 202 when queued, 422 with
+//!   the reason when the component is refused, 503 when a pipeline has too many
+//!   versions waiting.
 //! - `GET /metrics`: the metrics (`metrics.rs`) in Prometheus's text format 0.0.4.
 //!
 //! Who may use it: on a Unix socket (`--admin unix`: `admin.sock` in the state dir)
@@ -25,7 +28,7 @@ use std::net::SocketAddr;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -38,9 +41,8 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
-use crate::hot_swap::{Candidate, PluginStatus, SwapSender};
+use crate::hot_swap::{OfferError, PluginStatus, SwapTarget, TargetStatus};
 use crate::metrics::Metrics;
-use crate::plugin::Runtime;
 
 /// The socket's file name in the state dir, for `--admin unix`.
 pub const SOCKET_FILE: &str = "admin.sock";
@@ -179,11 +181,10 @@ pub enum AdminError {
     Start(std::io::Error),
 }
 
-/// What the endpoint needs from the pipeline.
+/// What the endpoint needs from the run.
 pub struct Admin {
-    /// What `/plugin` reports and loads into; none when the run has no hot load (a
-    /// Kafka input's partitions, for now), and `/plugin` says so.
-    pub plugin: Option<PluginTarget>,
+    /// What `/plugin` reports and loads into.
+    pub plugin: PluginTarget,
     /// The metrics `GET /metrics` renders, updated by whoever runs the batch loop.
     pub metrics: Arc<Metrics>,
     /// The bearer token, if any; required on TCP.
@@ -192,18 +193,12 @@ pub struct Admin {
     pub limits: AdminLimits,
 }
 
-/// Where `POST /plugin` loads uploads to, and whose status `GET /plugin` reports.
+/// Where `POST /plugin` offers uploads, and whose status `GET /plugin` reports.
 pub struct PluginTarget {
-    /// Compiles uploads.
-    pub runtime: Arc<Runtime>,
-    /// The plugin's `init` parameters.
-    pub params: Vec<(String, String)>,
-    /// Where uploads are written before they are loaded.
+    /// Where uploads are written before they are offered.
     pub upload_dir: PathBuf,
-    /// Queues candidates.
-    pub sender: SwapSender,
-    /// The pipeline's plugin status.
-    pub status: Arc<Mutex<PluginStatus>>,
+    /// The run's pipelines: one, or a Kafka run's partitions.
+    pub target: Arc<dyn SwapTarget>,
 }
 
 /// The running endpoint. Dropping it stops the server, joins its thread and removes
@@ -508,12 +503,8 @@ async fn respond(request: Request<Incoming>, shared: &Arc<Shared>) -> Reply {
 }
 
 async fn plugin(request: Request<Incoming>, shared: &Arc<Shared>) -> Reply {
-    let Some(target) = &shared.admin.plugin else {
-        let why = "this run has no hot load (a kafka:// input's partitions do not swap plugins yet): restart it with the new plugin; GET /metrics works";
-        return error(StatusCode::NOT_IMPLEMENTED, why);
-    };
     match *request.method() {
-        Method::GET => json(StatusCode::OK, status_json(&target.status)),
+        Method::GET => json(StatusCode::OK, status_json(&shared.admin.plugin.target.status())),
         Method::POST => upload(request, shared).await,
         _ => not_allowed("use GET /plugin or POST /plugin", "GET, POST"),
     }
@@ -531,12 +522,31 @@ fn metrics(metrics: &Metrics) -> Reply {
     reply
 }
 
-fn status_json(status: &Mutex<PluginStatus>) -> serde_json::Value {
-    let s = status.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+fn status_json(status: &TargetStatus) -> serde_json::Value {
+    match status {
+        TargetStatus::Pipeline(s) => pipeline_json(s),
+        TargetStatus::Partitions { newest, partitions } => {
+            let partitions: Vec<_> = partitions
+                .iter()
+                .map(|(partition, s)| {
+                    let mut entry = pipeline_json(s);
+                    entry["partition"] = serde_json::json!(partition);
+                    entry
+                })
+                .collect();
+            serde_json::json!({ "newest": newest, "partitions": partitions })
+        }
+    }
+}
+
+/// One pipeline's status: what it runs since which batch, its swaps, its last refusal
+/// and the candidate under its migration check.
+fn pipeline_json(s: &PluginStatus) -> serde_json::Value {
     let swaps: Vec<_> =
         s.swaps.iter().map(|(b, from, to)| serde_json::json!({ "batch": b, "from": from, "to": to })).collect();
     serde_json::json!({
         "running": s.running, "since_batch": s.since_batch, "swaps": swaps, "last_refusal": s.last_refusal,
+        "checking": s.checking,
     })
 }
 
@@ -585,11 +595,9 @@ fn too_large(limit: u64) -> Reply {
     error(StatusCode::PAYLOAD_TOO_LARGE, &format!("the component is over {limit} bytes"))
 }
 
-/// Writes the upload, loads it and queues it (blocking).
+/// Writes the upload and offers it (blocking: the target loads it).
 fn store_and_load(bytes: &[u8], admin: &Admin) -> Reply {
-    let Some(admin) = &admin.plugin else {
-        return error(StatusCode::NOT_IMPLEMENTED, "this run has no hot load");
-    };
+    let admin = &admin.plugin;
     let sha = crate::plugin::sha256_hex(bytes);
     let path = admin.upload_dir.join(format!("upload-{sha}.wasm"));
     let written = std::fs::create_dir_all(&admin.upload_dir).and_then(|()| std::fs::write(&path, bytes));
@@ -597,22 +605,24 @@ fn store_and_load(bytes: &[u8], admin: &Admin) -> Reply {
         return error(StatusCode::SERVICE_UNAVAILABLE, &format!("cannot store the upload: {e}"));
     }
     prune_uploads(&admin.upload_dir);
-    let plugin = match admin.runtime.load(&path, &admin.params) {
-        Ok(p) => p,
-        Err(e) => return error(StatusCode::UNPROCESSABLE_ENTITY, &e.to_string()),
-    };
-    let info = plugin.info().clone();
-    let candidate = Candidate { plugin: Box::new(plugin), origin: format!("admin upload {sha}") };
-    match admin.sender.send(candidate) {
-        Ok(()) => json(
-            StatusCode::ACCEPTED,
-            serde_json::json!({
+    match admin.target.offer(&path, &format!("admin upload {sha}")) {
+        Ok(offered) => {
+            let info = offered.info;
+            let mut reply = serde_json::json!({
                 "queued": { "name": info.name, "version": info.version, "state_schema_version": info.state_schema_version },
                 "sha256": sha,
                 "swap": "at the next batch boundary, after its state check; GET /plugin shows the outcome",
-            }),
-        ),
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+            });
+            if let Some(partitions) = offered.partitions {
+                reply["partitions"] = serde_json::json!(partitions);
+                reply["swap"] = serde_json::json!(
+                    "each partition at a batch boundary of its own, after its own state check; a partition assigned later opens with it; GET /plugin shows the outcome"
+                );
+            }
+            json(StatusCode::ACCEPTED, reply)
+        }
+        Err(OfferError::Refused(e)) => error(StatusCode::UNPROCESSABLE_ENTITY, &e),
+        Err(OfferError::Busy(e)) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
     }
 }
 

@@ -3,13 +3,20 @@
 //! for its calls and tells the controller when a batch committed (the end of a new
 //! version's probation) or failed (a rollback). A candidate that must migrate stored
 //! values is checked on a thread of its own (`swap.rs`) while the batches go on.
+//!
+//! A new version reaches the controllers through a [`SwapTarget`]: the watcher of
+//! `--watch` and the admin endpoint offer it there, and know nothing else of what
+//! runs. [`PipelineTarget`] is the one pipeline of a file or stdin input; a Kafka
+//! run's target is `partitions::PartitionPlugins`, which offers it to every
+//! partition's controller. Each controller then decides its own swap.
 
+use std::path::Path;
 use std::sync::{Arc, Mutex, mpsc};
 
 use crate::clock::Clock;
 use crate::function::{StateFunction, label_of};
 use crate::keyed::{StatePart, Variable, VariableKind, unpack_entry};
-use crate::plugin::PluginInfo;
+use crate::plugin::{PluginInfo, Runtime};
 use crate::state_keys::{self as sk, Entry};
 use crate::store::Store;
 use crate::swap::{CheckPlan, SampledValue, SwapCheck};
@@ -61,6 +68,103 @@ impl SwapSender {
             mpsc::TrySendError::Disconnected(_) => "the pipeline has stopped".to_owned(),
         })
     }
+
+    /// [`SwapSender::send`], telling a full queue from a stopped pipeline.
+    pub(crate) fn try_send(&self, candidate: Candidate) -> Result<(), mpsc::TrySendError<Candidate>> {
+        self.0.try_send(candidate)
+    }
+}
+
+/// Why a new version was not offered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OfferError {
+    /// The component cannot run (it does not load, compile, pass the import check or
+    /// initialise); nothing was queued and the running version goes on.
+    #[error("{0}")]
+    Refused(String),
+    /// A pipeline has too many versions waiting (or has stopped); retry after its next
+    /// batch. For a Kafka run, the partitions not named in the message have it queued.
+    #[error("{0}")]
+    Busy(String),
+}
+
+/// A version that was queued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Offered {
+    /// Its name, version and state schema.
+    pub info: PluginInfo,
+    /// For a Kafka run, the partitions it was queued at (a partition assigned later
+    /// opens with it); none for a single pipeline.
+    pub partitions: Option<Vec<i32>>,
+}
+
+/// What runs where, for `GET /plugin`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetStatus {
+    /// The one pipeline of a file or stdin input.
+    Pipeline(PluginStatus),
+    /// The partitions a Kafka run runs now, in partition order, and where the newest
+    /// version came from (the one a partition assigned from now on opens with).
+    Partitions {
+        /// Where the newest version came from.
+        newest: String,
+        /// Each running partition's status.
+        partitions: Vec<(i32, PluginStatus)>,
+    },
+}
+
+/// Where new plugin versions go: what the watcher and the admin endpoint offer to.
+pub trait SwapTarget: Send + Sync {
+    /// Loads the component at `path` (compiled, instantiated and initialised here, off
+    /// the processing path) and queues it for each pipeline of the target, which
+    /// checks it against its state and swaps at a batch boundary of its own.
+    /// `origin` names it in the logs and the status.
+    fn offer(&self, path: &Path, origin: &str) -> Result<Offered, OfferError>;
+
+    /// The running versions and the swaps so far.
+    fn status(&self) -> TargetStatus;
+}
+
+/// The [`SwapTarget`] of one pipeline (a file or stdin input).
+#[derive(Debug, Clone)]
+pub struct PipelineTarget {
+    runtime: Arc<Runtime>,
+    params: Vec<(String, String)>,
+    sender: SwapSender,
+    status: Arc<Mutex<PluginStatus>>,
+}
+
+impl PipelineTarget {
+    /// New versions compiled in `runtime` with `params`, queued through `sender`; the
+    /// pipeline's status is `status`.
+    pub fn new(
+        runtime: Arc<Runtime>,
+        params: Vec<(String, String)>,
+        sender: SwapSender,
+        status: Arc<Mutex<PluginStatus>>,
+    ) -> Self {
+        Self { runtime, params, sender, status }
+    }
+}
+
+impl SwapTarget for PipelineTarget {
+    fn offer(&self, path: &Path, origin: &str) -> Result<Offered, OfferError> {
+        let plugin = self.runtime.load(path, &self.params).map_err(|e| OfferError::Refused(e.to_string()))?;
+        let info = plugin.info().clone();
+        self.sender
+            .send(Candidate { plugin: Box::new(plugin), origin: origin.to_owned() })
+            .map_err(OfferError::Busy)?;
+        Ok(Offered { info, partitions: None })
+    }
+
+    fn status(&self) -> TargetStatus {
+        TargetStatus::Pipeline(lock_status(&self.status).clone())
+    }
+}
+
+/// A status's lock: a poisoned one only means a reader panicked; the status is whole.
+pub(crate) fn lock_status(status: &Mutex<PluginStatus>) -> std::sync::MutexGuard<'_, PluginStatus> {
+    status.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// What the pipeline runs now and what happened to the last candidate: shared with the
@@ -144,9 +248,7 @@ impl SwapController {
     }
 
     fn update_status(&self, f: impl FnOnce(&mut PluginStatus)) {
-        // A poisoned lock only means a reader panicked; the status is still whole.
-        let mut status = self.status.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        f(&mut status);
+        f(&mut lock_status(&self.status));
     }
 
     /// At the boundary before batch `batch_id`: swaps in the candidate whose check has

@@ -40,5 +40,6 @@ pub mod workload;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{ErrorPolicy, Limits, PipelineConfig, Stream, TimeoutKind};
 pub use pipeline::{
-    BatchReport, Candidate, Error, Pipeline, PluginStatus, RunSummary, StageTimes, StateFunction, SwapSender,
+    BatchReport, Candidate, Error, OfferError, Offered, Pipeline, PipelineTarget, PluginStatus, RunSummary, StageTimes,
+    StateFunction, SwapSender, SwapTarget, TargetStatus,
 };

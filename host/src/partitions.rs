@@ -12,6 +12,13 @@
 //! is per partition, like Kafka Streams' per-task stream time: a partition that runs
 //! behind does not make another's records late, and one that runs ahead does not hold
 //! another's timeouts back.
+//!
+//! The plugin versions are `PartitionPlugins`' (`plugins.rs`): a partition opens with
+//! the newest accepted version and joins it, so that hot load reaches every partition.
+
+mod plugins;
+
+pub use plugins::{Membership, PartitionPlugins};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,7 +30,6 @@ use crate::clock::Clock;
 use crate::config::{ConfigError, KafkaInput, PipelineConfig, Stream};
 use crate::kafka::{Assignment, ChangelogReader, GroupMember, KafkaError, PartitionTransactions};
 use crate::pipeline::{self, BatchReport, Pipeline};
-use crate::plugin::{PluginError, Runtime};
 use crate::store::Checkpoint;
 
 /// How often the group member is served (heartbeats, rebalances, commits): 100 ms.
@@ -54,9 +60,6 @@ pub enum Error {
     /// The settings do not fit a Kafka input.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The plugin engine could not start.
-    #[error(transparent)]
-    Plugin(#[from] PluginError),
     /// The broker or the group failed (boxed: rdkafka's error is large).
     #[error(transparent)]
     Kafka(Box<KafkaError>),
@@ -183,7 +186,7 @@ struct Shared {
     config: PipelineConfig,
     input: KafkaInput,
     clock: Arc<dyn Clock>,
-    runtime: Arc<Runtime>,
+    plugins: Arc<PartitionPlugins>,
     slots: Slots,
     until_idle_ms: Option<u64>,
     observer: Arc<dyn Observer>,
@@ -252,7 +255,9 @@ fn run_partition(
     let progress = &mut |records, done| shared.observer.restoring(partition, records, done);
     restore_if_behind(&config, input, &transactions, clock.clone(), progress)
         .map_err(|source| Error::Restore { partition, source })?;
-    let mut pipeline = Pipeline::open_in(shared.runtime.clone(), config, clock.clone()).map_err(failed)?;
+    // Every new version reaches this partition until `_membership` is dropped, when
+    // the partition stops.
+    let (mut pipeline, _membership) = shared.plugins.open_pipeline(partition, config, clock.clone()).map_err(failed)?;
     shared.observer.opened(partition, &pipeline);
     pipeline.set_export(Box::new(transactions));
     let mut last_record_ns = clock.monotonic_ns();
@@ -373,12 +378,15 @@ fn on_assignment(
 
 /// Runs a Kafka input (`config.input` is `Stream::Kafka` for the whole topic) until
 /// `options.until_idle_ms` says it is done, or a partition fails; each partition
-/// stops at a batch boundary, and its group offset is committed.
+/// stops at a batch boundary, and its group offset is committed. The partitions open
+/// with `plugins`' newest version (made from the same `config`), and every version
+/// offered to it reaches each running partition.
 pub fn run(
     config: PipelineConfig,
     clock: Arc<dyn Clock>,
     options: Options,
     observer: Arc<dyn Observer>,
+    plugins: Arc<PartitionPlugins>,
 ) -> Result<Summary, Error> {
     config.validate()?;
     let Stream::Kafka(input) = config.input.clone() else {
@@ -402,7 +410,6 @@ pub fn run(
         })
         .collect();
     crate::kafka::prepare_topics(&input, &outputs)?;
-    let runtime = Arc::new(Runtime::new(&config.limits, config.cache_dir.as_deref())?);
     let (events, events_rx) = mpsc::channel();
     let shared = Arc::new(Shared {
         slots: Slots { free: Mutex::new(options.workers_max), freed: Condvar::new() },
@@ -410,7 +417,7 @@ pub fn run(
         config,
         input: input.clone(),
         clock,
-        runtime,
+        plugins,
         observer,
         events: Mutex::new(events),
     });

@@ -15,7 +15,9 @@ use crate::decode::Decoder;
 use crate::export::{BatchExport, ExportBatch, ExportError};
 pub use crate::function::StateFunction;
 use crate::hot_swap::SwapController;
-pub use crate::hot_swap::{Candidate, PluginStatus, SwapSender};
+pub use crate::hot_swap::{
+    Candidate, OfferError, Offered, PipelineTarget, PluginStatus, SwapSender, SwapTarget, TargetStatus,
+};
 use crate::pace::PaceWatch;
 use crate::plugin::{CallError, CallOutcome, CallRequest, Event, PluginError, Runtime, StagedValue};
 use crate::prepare::{Prepared, Preparer, Request};
@@ -271,6 +273,18 @@ impl Pipeline {
     pub fn open_in(runtime: Arc<Runtime>, config: PipelineConfig, clock: Arc<dyn Clock>) -> Result<Self, Error> {
         config.validate()?;
         let plugin = runtime.load(&config.plugin, &config.params)?;
+        Self::open_with_plugin(runtime, config, clock, plugin)
+    }
+
+    /// Opens the pipeline with `plugin`, loaded in `runtime` (a Kafka run's partition
+    /// opens with the newest version the run has accepted, which may no longer be the
+    /// file `config.plugin` names).
+    pub fn open_with_plugin(
+        runtime: Arc<Runtime>,
+        config: PipelineConfig,
+        clock: Arc<dyn Clock>,
+        plugin: crate::plugin::Plugin,
+    ) -> Result<Self, Error> {
         let mut pipeline = Self::open_with_function(config, clock, Box::new(plugin))?;
         pipeline.runtime = Some(runtime);
         Ok(pipeline)
@@ -434,6 +448,13 @@ impl Pipeline {
     /// The running plugin and the swap history, shared (the admin endpoint reads it).
     pub fn plugin_status(&self) -> Arc<Mutex<PluginStatus>> {
         self.swaps.status()
+    }
+
+    /// Where the watcher and the admin endpoint offer new versions of this pipeline's
+    /// plugin: none for a native function, which nothing can replace.
+    pub fn swap_target(&self) -> Option<PipelineTarget> {
+        let runtime = self.runtime.clone()?;
+        Some(PipelineTarget::new(runtime, self.config.params.clone(), self.swaps.sender(), self.swaps.status()))
     }
 
     /// The committed checkpoint (its `input_offset` is where the next batch starts).

@@ -1,6 +1,7 @@
 //! Hot load from a file: a thread polls the plugin file and, when its content changes,
-//! compiles, instantiates and initialises the new version off the processing path, then
-//! queues it for the pipeline, which swaps at the next batch boundary.
+//! offers the new version to its [`SwapTarget`] (one pipeline, or every partition of a
+//! Kafka run), which compiles, instantiates and initialises it off the processing path
+//! and queues it; each pipeline swaps at a batch boundary of its own.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,8 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::hot_swap::{Candidate, SwapSender};
-use crate::plugin::Runtime;
+use crate::hot_swap::{OfferError, SwapTarget};
 
 /// The file watcher's thread: stopped and joined when dropped (within one interval).
 #[derive(Debug)]
@@ -33,9 +33,7 @@ impl Drop for Watcher {
 /// it.
 pub fn watch(
     path: PathBuf,
-    params: Vec<(String, String)>,
-    runtime: Arc<Runtime>,
-    sender: SwapSender,
+    target: Arc<dyn SwapTarget>,
     running_sha256: String,
     interval_ms: u64,
 ) -> std::io::Result<Watcher> {
@@ -57,15 +55,18 @@ pub fn watch(
             if sha == seen {
                 continue;
             }
-            seen = sha;
-            match runtime.load(&path, &params) {
-                Ok(plugin) => {
-                    let candidate = Candidate { plugin: Box::new(plugin), origin: path.display().to_string() };
-                    if let Err(e) = sender.send(candidate) {
-                        tracing::warn!("new plugin version in {} not queued: {e}", path.display());
-                    }
+            match target.offer(&path, &path.display().to_string()) {
+                Ok(_) => seen = sha,
+                Err(OfferError::Refused(e)) => {
+                    seen = sha;
+                    tracing::warn!("new plugin version refused, the running one goes on: {e}");
                 }
-                Err(e) => tracing::warn!("new plugin version refused, the running one goes on: {e}"),
+                Err(OfferError::Busy(e)) => {
+                    // Offered again at the next look, once the pipelines have taken
+                    // what they hold.
+                    seen_meta = None;
+                    tracing::warn!("new plugin version in {} not queued everywhere yet: {e}", path.display());
+                }
             }
         }
     })?;

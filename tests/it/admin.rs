@@ -17,13 +17,10 @@ const TOKEN: &str = "s3cret-token";
 /// The admin endpoint's view of the harness's pipeline.
 fn admin(h: &Harness, token: Option<&str>, limits: AdminLimits) -> groupstate::admin::Admin {
     groupstate::admin::Admin {
-        plugin: Some(groupstate::admin::PluginTarget {
-            runtime: h.pipeline.runtime().unwrap(),
-            params: Vec::new(),
+        plugin: groupstate::admin::PluginTarget {
             upload_dir: h.dir.path().join("uploads"),
-            sender: h.pipeline.swap_sender(),
-            status: h.pipeline.plugin_status(),
-        }),
+            target: std::sync::Arc::new(h.pipeline.swap_target().unwrap()),
+        },
         metrics: std::sync::Arc::default(),
         token: token.map(str::to_owned),
         limits,

@@ -27,6 +27,16 @@ impl Harness {
 
     /// A harness whose pipeline runs on `clock`, its configuration changed by `adjust`.
     fn with_clock(plugin: &str, clock: Arc<dyn Clock>, adjust: impl FnOnce(&mut PipelineConfig)) -> Self {
+        Self::opened_by(plugin, adjust, |config| Pipeline::open(config, clock).unwrap())
+    }
+
+    /// A harness whose pipeline `open` opens from its configuration (of `plugin`,
+    /// changed by `adjust`).
+    fn opened_by(
+        plugin: &str,
+        adjust: impl FnOnce(&mut PipelineConfig),
+        open: impl FnOnce(PipelineConfig) -> Pipeline,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("in.jsonl"), "").unwrap();
         let mut config = PipelineConfig::new(
@@ -40,7 +50,7 @@ impl Harness {
         config.durable_commits = false;
         config.cache_dir = Some(cache_dir());
         adjust(&mut config);
-        let pipeline = Pipeline::open(config, clock).unwrap();
+        let pipeline = open(config);
         Self { dir, pipeline, sent: HashMap::new(), next_line: 0 }
     }
 
@@ -214,9 +224,7 @@ fn watcher_reloads_when_the_plugin_file_changes() {
     let v1 = std::fs::read(&path).unwrap();
     let watcher = groupstate::reload::watch(
         path.clone(),
-        Vec::new(),
-        h.pipeline.runtime().unwrap(),
-        h.pipeline.swap_sender(),
+        Arc::new(h.pipeline.swap_target().unwrap()),
         groupstate::plugin::sha256_hex(&v1),
         10,
     )
@@ -330,4 +338,91 @@ fn a_migration_over_the_time_budget_is_refused() {
     h.feed(7, "");
     h.drain();
     assert_eq!(h.last_counts(), h.sent);
+}
+
+/// A Kafka run's plugin versions without a broker: `PartitionPlugins` over file
+/// pipelines that stand for partitions. A version offered is queued at every running
+/// partition, each swapping at a boundary of its own after its own check; a partition
+/// opened later opens with the newest version; a stopped one is offered nothing; a
+/// component that does not load is refused everywhere; and a partition that runs the
+/// offered version already is not offered it again.
+#[test]
+fn partition_plugins_reach_every_running_partition_and_open_later_ones_with_the_newest() {
+    use groupstate::partitions::PartitionPlugins;
+    use groupstate::{OfferError, SwapTarget, TargetStatus};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = PipelineConfig::new(
+        PathBuf::from(plugins::COUNTER_V1),
+        Stream::File(dir.path().join("unused.jsonl")),
+        Stream::File(dir.path().join("unused-out.jsonl")),
+        dir.path().join("unused-state"),
+        "k".into(),
+    );
+    config.cache_dir = Some(cache_dir());
+    let versions = Arc::new(PartitionPlugins::new(&config).unwrap());
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1_000));
+    let open = |partition: i32| {
+        let mut membership = None;
+        let h = Harness::opened_by(
+            plugins::COUNTER_V1,
+            |_| {},
+            |config| {
+                let (pipeline, m) = versions.open_pipeline(partition, config, clock.clone()).unwrap();
+                membership = Some(m);
+                pipeline
+            },
+        );
+        (h, membership.unwrap())
+    };
+    let running = |versions: &PartitionPlugins| -> Vec<(i32, String)> {
+        let TargetStatus::Partitions { partitions, .. } = versions.status() else { panic!("not partitions") };
+        partitions.into_iter().map(|(p, s)| (p, s.running)).collect()
+    };
+    let (mut h0, _m0) = open(0);
+    let (mut h1, m1) = open(1);
+    for h in [&mut h0, &mut h1] {
+        h.feed(80, "");
+        h.drain();
+    }
+
+    let offered = versions.offer(Path::new(plugins::COUNTER_V2), "v2 for the test").unwrap();
+    assert_eq!(offered.partitions, Some(vec![0, 1]));
+    assert_eq!(offered.info.version, "2.0.0");
+    // Partition 0 swaps at its boundary; partition 1, which has run no boundary since,
+    // still runs v1.
+    h0.settle();
+    assert!(h0.status().running.contains("counter 2.0.0"), "{:?}", h0.status());
+    assert!(h1.status().running.contains("counter 1.0.0"), "{:?}", h1.status());
+    h1.settle();
+    assert!(h1.status().running.contains("counter 2.0.0"), "{:?}", h1.status());
+
+    // A partition opened now opens with v2 (swapping nothing).
+    let (mut h2, _m2) = open(2);
+    assert!(h2.status().running.contains("counter 2.0.0") && h2.status().swaps.is_empty(), "{:?}", h2.status());
+    assert_eq!(running(&versions).len(), 3);
+
+    // A stopped partition is offered nothing.
+    drop(m1);
+    let offered = versions.offer(Path::new(plugins::COUNTER_V1), "v1 again").unwrap();
+    assert_eq!(offered.partitions, Some(vec![0, 2]));
+    let TargetStatus::Partitions { newest, .. } = versions.status() else { panic!("not partitions") };
+    assert_eq!(newest, "v1 again");
+
+    // A component that does not load is refused, and queued nowhere.
+    let garbage = dir.path().join("garbage.wasm");
+    std::fs::write(&garbage, b"not wasm").unwrap();
+    let refused = versions.offer(&garbage, "garbage").unwrap_err();
+    assert!(matches!(&refused, OfferError::Refused(why) if why.contains("not a WebAssembly file")), "{refused}");
+    for h in [&mut h0, &mut h2] {
+        h.settle();
+        h.feed(40, "");
+        h.drain();
+        assert!(h.status().running.contains("counter 1.0.0"), "{:?}", h.status());
+        assert_eq!(h.last_counts(), h.sent);
+    }
+    // v1 runs everywhere: offered again, it is queued nowhere.
+    let offered = versions.offer(Path::new(plugins::COUNTER_V1), "v1 once more").unwrap();
+    assert_eq!(offered.partitions, Some(vec![]));
+    assert_eq!(h0.status().swaps.len(), 2);
 }

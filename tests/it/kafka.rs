@@ -197,7 +197,15 @@ fn an_output_topic_killed_mid_run_holds_each_alert_once_by_its_headers() {
     for family in ["groupstate_input_lag_records{partition=", "groupstate_last_batch_duration_seconds{partition="] {
         assert!(metrics.contains(family), "the metrics lack {family}: {metrics}");
     }
-    assert!(status == 501 && body.contains("no hot load"), "GET /plugin: {status} {body}");
+    // Each running partition's plugin, as hot load sees it.
+    let plugin: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let running = plugin["partitions"].as_array().cloned().unwrap_or_default();
+    assert!(
+        status == 200
+            && !running.is_empty()
+            && running.iter().all(|p| p["partition"].is_i64() && p["running"].as_str().is_some_and(|r| !r.is_empty())),
+        "GET /plugin: {status} {body}"
+    );
     child.wait().unwrap();
     assert_success(&topic_run().output().unwrap());
     let out = dir.path().join("alerts.jsonl");
@@ -214,9 +222,20 @@ fn an_output_topic_killed_mid_run_holds_each_alert_once_by_its_headers() {
 /// `GET path` over the admin socket: the status and the body; none if the socket does
 /// not answer (yet).
 fn http_get(socket: &Path, path: &str) -> Option<(u16, String)> {
+    http(socket, "GET", path, b"")
+}
+
+/// `method path` with `body` over the admin socket: the status and the body; none if
+/// the socket does not answer (yet).
+fn http(socket: &Path, method: &str, path: &str, body: &[u8]) -> Option<(u16, String)> {
     use std::io::{Read, Write};
     let mut stream = std::os::unix::net::UnixStream::connect(socket).ok()?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: groupstate\r\nConnection: close\r\n\r\n").ok()?;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: groupstate\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).ok()?;
+    stream.write_all(body).ok()?;
     let mut reply = String::new();
     stream.read_to_string(&mut reply).ok()?;
     let (head, body) = reply.split_once("\r\n\r\n")?;
@@ -500,4 +519,220 @@ fn an_unreachable_broker_is_named() {
         !out.status.success() && stderr.contains("is unreachable") && stderr.contains("check that it is running"),
         "{stderr}"
     );
+}
+
+/// Keys of the hot-load test: each phase sends every key the same number of records.
+const COUNTER_KEYS: usize = 40;
+
+/// `(partition, key, line)` of phase `phase`'s `n` records of the counter plugin, over
+/// [`COUNTER_KEYS`] keys, each sent to its key's partition.
+fn counter_records(phase: usize, n: usize, partitions: i32) -> Vec<(i32, String, String)> {
+    (0..n)
+        .map(|i| {
+            let key = format!("c-{}", i % COUNTER_KEYS);
+            let line = format!(r#"{{"k":"{key}","phase":{phase},"n":{i}}}"#);
+            (groupstate_tests::kafka_broker::partition_of(&key, partitions), key, line)
+        })
+        .collect()
+}
+
+/// One output line of the counter plugin: its version (1 or 2), key and count
+/// (v1's `count`, v2's `total`).
+fn counter_line(line: &str) -> (u64, String, u64) {
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    let (version, n) = match (v.get("v"), v.get("version")) {
+        (Some(_), None) => (1, v["count"].as_u64().unwrap()),
+        (None, Some(_)) => (2, v["total"].as_u64().unwrap()),
+        _ => panic!("not a counter line: {line}"),
+    };
+    (version, v["key"].as_str().unwrap().to_owned(), n)
+}
+
+/// The counter lines of partition `p`'s output file, in order.
+fn counter_lines(dir: &Path, p: i32) -> Vec<(u64, String, u64)> {
+    let text = std::fs::read_to_string(dir.join(format!("out.jsonl.p{p}"))).unwrap_or_default();
+    // A line being written is not one yet.
+    let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+    whole.lines().map(counter_line).collect()
+}
+
+/// The last (version, count) of each key over all partitions' output files.
+fn last_counts(dir: &Path, partitions: i32) -> std::collections::BTreeMap<String, (u64, u64)> {
+    let mut last = std::collections::BTreeMap::new();
+    for p in 0..partitions {
+        for (version, key, n) in counter_lines(dir, p) {
+            last.insert(key, (version, n));
+        }
+    }
+    last
+}
+
+/// A running `groupstate run --watch --admin` of the counter plugin over topic
+/// `counts`, kept from going idle by one record of key `beat` to partition 0 every
+/// half second while the test waits for it.
+struct HotLoadRun<'a> {
+    broker: &'a Broker,
+    dir: &'a Path,
+    child: std::process::Child,
+    beats: u64,
+    /// Milliseconds waited since the last beat.
+    since_beat_ms: u64,
+}
+
+impl HotLoadRun<'_> {
+    fn socket(&self) -> std::path::PathBuf {
+        self.dir.join("admin.sock")
+    }
+
+    /// Waits (beating) until `done`, failing after 120 s with `what`.
+    fn wait_for(&mut self, what: &str, mut done: impl FnMut(&mut Self) -> bool) {
+        let mut waited_ms = 0;
+        while !done(self) {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                let log = std::fs::read_to_string(self.dir.join("run.log")).unwrap_or_default();
+                panic!("the run ended ({status}) while waiting for {what}: {log}");
+            }
+            assert!(waited_ms < 120_000, "waited 120 s for {what}: {}", self.plugin());
+            if self.since_beat_ms >= 500 {
+                self.broker.produce("counts", [(0, "beat", r#"{"k":"beat"}"#)]);
+                self.beats += 1;
+                self.since_beat_ms = 0;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            waited_ms += 100;
+            self.since_beat_ms += 100;
+        }
+    }
+
+    /// `GET /plugin`, as JSON (null while the endpoint does not answer).
+    fn plugin(&self) -> serde_json::Value {
+        http_get(&self.socket(), "/plugin").map_or(serde_json::Value::Null, |(_, b)| serde_json::from_str(&b).unwrap())
+    }
+
+    /// Waits until every key's last output shows `want`, with plugin version `version`.
+    fn wait_for_counts(&mut self, want: &std::collections::BTreeMap<String, u64>, version: u64) {
+        let dir = self.dir.to_owned();
+        self.wait_for(&format!("the counts {want:?} by v{version}"), |_| {
+            let last = last_counts(&dir, 4);
+            want.iter().all(|(k, n)| last.get(k) == Some(&(version, *n)))
+        });
+    }
+
+    /// Waits until `GET /plugin` shows each of the 4 partitions running a plugin whose
+    /// label contains `label`, after `swaps` swaps; returns the statuses.
+    fn wait_for_swaps(&mut self, label: &str, swaps: usize) -> Vec<serde_json::Value> {
+        self.wait_for(&format!("every partition running {label}"), |run| {
+            let partitions = run.plugin()["partitions"].as_array().cloned().unwrap_or_default();
+            partitions.len() == 4
+                && partitions.iter().all(|p| {
+                    p["running"].as_str().is_some_and(|r| r.contains(label))
+                        && p["swaps"].as_array().is_some_and(|s| s.len() == swaps)
+                })
+        });
+        self.plugin()["partitions"].as_array().cloned().unwrap()
+    }
+}
+
+/// Hot load with a Kafka input: the counter plugin over 4 partitions, replaced mid-run
+/// twice, first through `--watch` (v1 -> v2, which migrates the stored counts), then
+/// through `POST /plugin` (v2 -> v1). Every partition swaps, each at a boundary of its
+/// own, and its output is the oracle's: the records sent before the first swap
+/// counted by v1, those between the swaps by v2, those after by v1 again, each once
+/// (a key's counts go up by its records, and end at the number sent).
+#[test]
+fn hot_load_by_watch_and_upload_reaches_every_partition_and_counts_each_record_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start();
+    broker.create_topic("counts", 4);
+    let plugin = dir.path().join("plugin.wasm");
+    std::fs::copy(groupstate_tests::plugins::COUNTER_V1, &plugin).unwrap();
+    let phases: Vec<Vec<(i32, String, String)>> = (0..3).map(|phase| counter_records(phase, 2_000, 4)).collect();
+    let partitions_used: std::collections::BTreeSet<i32> = phases[0].iter().map(|(p, _, _)| *p).collect();
+    assert_eq!(partitions_used.len(), 4, "every partition should get keys");
+    let produce = |records: &[(i32, String, String)]| {
+        broker.produce("counts", records.iter().map(|(p, k, v)| (*p, k.as_str(), v.as_str())));
+    };
+    // The count each key must show after phases 0..=n.
+    let counts_after = |n: usize| -> std::collections::BTreeMap<String, u64> {
+        let mut counts = std::collections::BTreeMap::new();
+        for (_, key, _) in phases[..=n].iter().flatten() {
+            *counts.entry(key.clone()).or_default() += 1;
+        }
+        counts
+    };
+    produce(&phases[0]);
+    let p = |path: &Path| path.display().to_string();
+    let child = Command::new(groupstate_bin())
+        .args(["run", "--plugin", &p(&plugin), "--input", &format!("kafka://{}/counts", broker.bootstrap())])
+        .args(["--group", "hot", "--output", &p(&dir.path().join("out.jsonl"))])
+        .args(["--state-dir", &p(&dir.path().join("state")), "--batch-events", "100"])
+        .args(["--trigger-interval-ms", "200", "--until-idle-ms", "3000", "--watch"])
+        .args(["--admin", &format!("unix:{}", p(&dir.path().join("admin.sock")))])
+        .args(["--cache-dir", &p(&groupstate_tests::cache_dir())])
+        .stdin(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("run.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut run = HotLoadRun { broker: &broker, dir: dir.path(), child, beats: 0, since_beat_ms: 0 };
+    run.wait_for_counts(&counts_after(0), 1);
+
+    // v2 replaces the file (renamed into place, so the watcher never reads half of it).
+    let staged = dir.path().join("plugin.wasm.new");
+    std::fs::copy(groupstate_tests::plugins::COUNTER_V2, &staged).unwrap();
+    std::fs::rename(&staged, &plugin).unwrap();
+    let statuses = run.wait_for_swaps("counter 2.0.0", 1);
+    for s in &statuses {
+        let swap = &s["swaps"][0];
+        assert!(swap["from"].as_str().unwrap().contains("counter 1.0.0"), "{s}");
+        assert!(s["last_refusal"].is_null(), "{s}");
+    }
+    produce(&phases[1]);
+    run.wait_for_counts(&counts_after(1), 2);
+
+    // v1 again, uploaded.
+    let wasm = std::fs::read(groupstate_tests::plugins::COUNTER_V1).unwrap();
+    let (status, body) = http(&run.socket(), "POST", "/plugin", &wasm).unwrap();
+    let reply: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(status == 202 && reply["partitions"] == serde_json::json!([0, 1, 2, 3]), "POST /plugin: {status} {body}");
+    let statuses = run.wait_for_swaps("counter 1.0.0", 2);
+    assert!(run.plugin()["newest"].as_str().unwrap().starts_with("admin upload"), "{}", run.plugin());
+    produce(&phases[2]);
+    let beats = run.beats;
+    let status = run.child.wait().unwrap();
+    let log = std::fs::read_to_string(dir.path().join("run.log")).unwrap();
+    assert!(status.success(), "the run failed: {log}");
+
+    // Per partition: v1 lines, then v2 lines, then v1 lines, each swap at a batch of
+    // the partition's own.
+    let mut sent: std::collections::BTreeMap<String, u64> = counts_after(2);
+    sent.insert("beat".into(), beats);
+    let phase_ends = [counts_after(0), counts_after(1)];
+    let mut seen = std::collections::BTreeMap::new();
+    for partition in 0..4 {
+        let lines = counter_lines(dir.path(), partition);
+        let mut versions: Vec<u64> = lines.iter().map(|(v, _, _)| *v).collect();
+        versions.dedup();
+        assert_eq!(versions, [1, 2, 1], "partition {partition}'s versions, in output order");
+        let swaps: Vec<u64> = statuses
+            .iter()
+            .find(|s| s["partition"] == partition)
+            .map(|s| s["swaps"].as_array().unwrap().iter().map(|w| w["batch"].as_u64().unwrap()).collect())
+            .unwrap();
+        assert!(swaps[0] < swaps[1], "partition {partition}'s swaps: {swaps:?}");
+        for (version, key, n) in lines {
+            let (phase, last) = seen.entry(key.clone()).or_insert((0usize, 0u64));
+            // The phase whose records this line counts: the version switches with it.
+            while *phase < 2 && key != "beat" && phase_ends[*phase].get(&key).is_some_and(|end| n > *end) {
+                *phase += 1;
+            }
+            assert!(n > *last, "key {key}: count {n} after {last}: a record counted twice or a line repeated");
+            if key != "beat" {
+                let want = if *phase == 1 { 2 } else { 1 };
+                assert_eq!(version, want, "key {key}: count {n} (phase {phase}) by v{version}");
+            }
+            *last = n;
+        }
+    }
+    let last: std::collections::BTreeMap<String, u64> = seen.into_iter().map(|(k, (_, n))| (k, n)).collect();
+    assert_eq!(last, sent, "each key's last count is the records sent to it");
 }

@@ -215,7 +215,8 @@ struct RunArgs {
     #[arg(long)]
     state_bytes_max: Option<u64>,
     /// Reload the plugin when its file changes (checked every trigger interval); the new
-    /// version is validated off the processing path and swapped in at a batch boundary.
+    /// version is validated off the processing path and swapped in at a batch boundary
+    /// (with a kafka:// input, by every partition at a boundary of its own).
     #[arg(long)]
     watch: bool,
     /// Serve the admin endpoint (GET/POST /plugin, GET /metrics): `unix` (also what the bare flag
@@ -472,35 +473,29 @@ fn config_from(args: &RunArgs) -> Result<PipelineConfig> {
     Ok(config)
 }
 
-/// `groupstate run` over a Kafka topic: one pipeline per assigned partition.
+/// `--admin`'s listener, checked against the token; none without `--admin`.
+fn admin_listen(args: &RunArgs, config: &PipelineConfig) -> Result<Option<groupstate::admin::Listen>> {
+    let Some(spec) = &args.admin else { return Ok(None) };
+    let listen = groupstate::admin::Listen::parse(spec, &config.state_dir)?;
+    listen.check_token(args.admin_token.as_deref())?;
+    Ok(Some(listen))
+}
+
+/// `groupstate run` over a Kafka topic: one pipeline per assigned partition. A new
+/// plugin version (`--watch`, `POST /plugin`) is offered to every partition.
 fn run_kafka(args: &RunArgs, config: PipelineConfig) -> Result<()> {
-    if args.watch {
-        bail!(
-            "--watch does not work with a kafka:// input yet (its partitions do not swap plugins): restart the run with the new plugin"
-        );
-    }
+    let admin_listen = admin_listen(args, &config)?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let mut options = groupstate::partitions::Options { until_idle_ms: args.until_idle_ms, ..Default::default() };
     if let Some(n) = args.partition_workers {
         options.workers_max = n;
     }
     let metrics = Arc::new(Metrics::new());
-    // Kept until the run ends: dropping it stops the endpoint.
-    let _admin = match &args.admin {
-        Some(spec) => {
-            let listen = groupstate::admin::Listen::parse(spec, &config.state_dir)?;
-            let admin = groupstate::admin::Admin {
-                plugin: None,
-                metrics: metrics.clone(),
-                token: args.admin_token.clone(),
-                limits: groupstate::admin::AdminLimits::default(),
-            };
-            let server = groupstate::admin::serve(listen, admin)?;
-            tracing::info!("admin endpoint on {} (GET /metrics)", server.listen());
-            Some(server)
-        }
-        None => None,
-    };
+    let plugins = Arc::new(groupstate::partitions::PartitionPlugins::new(&config)?);
+    let target: Arc<dyn groupstate::SwapTarget> = plugins.clone();
+    // Kept until the run ends: dropping it stops the watcher and the admin endpoint.
+    let _hot_load =
+        start_hot_load(args, admin_listen, &config, Some(target), plugins.newest_sha256(), metrics.clone())?;
     let started = clock.monotonic_ns();
     let observer = Arc::new(KafkaObserver {
         metrics,
@@ -509,7 +504,7 @@ fn run_kafka(args: &RunArgs, config: PipelineConfig) -> Result<()> {
         logged_ns: Default::default(),
         clock: clock.clone(),
     });
-    let summary = groupstate::partitions::run(config, clock.clone(), options, observer.clone())?;
+    let summary = groupstate::partitions::run(config, clock.clone(), options, observer.clone(), plugins)?;
     let secs = (clock.monotonic_ns() - started) as f64 / 1e9;
     let records = observer.records.load(std::sync::atomic::Ordering::Relaxed);
     let offsets: Vec<String> = summary.partitions.iter().map(|(p, c)| format!("{p}@{}", c.input_offset)).collect();
@@ -588,14 +583,7 @@ fn run(args: RunArgs) -> Result<()> {
         return run_kafka(&args, config);
     }
     // A wrong --admin fails here, before the plugin is compiled and the store opened.
-    let admin_listen = match &args.admin {
-        Some(spec) => {
-            let listen = groupstate::admin::Listen::parse(spec, &config.state_dir)?;
-            listen.check_token(args.admin_token.as_deref())?;
-            Some(listen)
-        }
-        None => None,
-    };
+    let admin_listen = admin_listen(&args, &config)?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let started = clock.monotonic_ns();
     let mut pipeline = Pipeline::open(config.clone(), clock.clone())?;
@@ -613,8 +601,10 @@ fn run(args: RunArgs) -> Result<()> {
         partition.set_stored(keys, timers);
     }
     let plugin_status = pipeline.plugin_status();
-    // Kept until the run ends: dropping it stops the admin endpoint.
-    let _hot_load = start_hot_load(&args, admin_listen, &config, &pipeline, metrics.clone())?;
+    let target = pipeline.swap_target().map(|t| Arc::new(t) as Arc<dyn groupstate::SwapTarget>);
+    let running_sha256 = groupstate::plugin::sha256_hex(&std::fs::read(&config.plugin)?);
+    // Kept until the run ends: dropping it stops the watcher and the admin endpoint.
+    let _hot_load = start_hot_load(&args, admin_listen, &config, target, running_sha256, metrics.clone())?;
     let mut last_report = clock.monotonic_ns();
     let mut records = 0u64;
     let mut late = 0u64;
@@ -715,26 +705,26 @@ struct HotLoad {
     _admin: Option<groupstate::admin::AdminServer>,
 }
 
-/// Starts the file watcher and the admin endpoint, as asked.
+/// Starts the file watcher and the admin endpoint, as asked, both offering new
+/// versions to `target` (the one pipeline, or a Kafka run's partitions), whose running
+/// version has the digest `running_sha256`.
 fn start_hot_load(
     args: &RunArgs,
     admin_listen: Option<groupstate::admin::Listen>,
     config: &PipelineConfig,
-    pipeline: &Pipeline,
+    target: Option<Arc<dyn groupstate::SwapTarget>>,
+    running_sha256: String,
     metrics: Arc<Metrics>,
 ) -> Result<HotLoad> {
     if !args.watch && admin_listen.is_none() {
         return Ok(HotLoad { _watcher: None, _admin: None });
     }
-    let runtime = pipeline.runtime().context("hot load needs a wasm plugin")?;
+    let target = target.context("hot load needs a wasm plugin")?;
     let watcher = if args.watch {
-        let bytes = std::fs::read(&config.plugin)?;
         Some(groupstate::reload::watch(
             config.plugin.clone(),
-            config.params.clone(),
-            runtime.clone(),
-            pipeline.swap_sender(),
-            groupstate::plugin::sha256_hex(&bytes),
+            target.clone(),
+            running_sha256,
             config.trigger_interval_ms,
         )?)
     } else {
@@ -742,13 +732,7 @@ fn start_hot_load(
     };
     let Some(listen) = admin_listen else { return Ok(HotLoad { _watcher: watcher, _admin: None }) };
     let admin = groupstate::admin::Admin {
-        plugin: Some(groupstate::admin::PluginTarget {
-            runtime,
-            params: config.params.clone(),
-            upload_dir: config.state_dir.join("plugins"),
-            sender: pipeline.swap_sender(),
-            status: pipeline.plugin_status(),
-        }),
+        plugin: groupstate::admin::PluginTarget { upload_dir: config.state_dir.join("plugins"), target },
         metrics,
         token: args.admin_token.clone(),
         limits: groupstate::admin::AdminLimits::default(),

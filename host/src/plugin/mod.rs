@@ -325,8 +325,15 @@ impl Runtime {
     /// and `init(params)`.
     pub fn load(&self, path: &Path, params: &[(String, String)]) -> Result<Plugin, PluginError> {
         let bytes = std::fs::read(path).map_err(|error| PluginError::Read { path: path.to_owned(), error })?;
-        check_header(path, &bytes)?;
-        let component = self.compile(path, &bytes)?;
+        self.load_bytes(path, &bytes, params)
+    }
+
+    /// [`Runtime::load`] of `bytes` already read from `path` (which only names the
+    /// plugin in errors): the partitions of a Kafka run load each version from one
+    /// copy, so that a file replaced meanwhile cannot give them different versions.
+    pub fn load_bytes(&self, path: &Path, bytes: &[u8], params: &[(String, String)]) -> Result<Plugin, PluginError> {
+        check_header(path, bytes)?;
+        let component = self.compile(path, bytes)?;
         self.check_imports(path, &component)?;
         let pre = self
             .linker
@@ -354,7 +361,7 @@ impl Runtime {
         };
         let mut plugin = Plugin {
             recipe: Arc::new(recipe),
-            sha256: cache::sha256_hex(&bytes),
+            sha256: cache::sha256_hex(bytes),
             size_bytes: bytes.len(),
             live: None,
             info: PluginInfo { name: String::new(), version: String::new(), state_schema_version: 0 },
