@@ -477,9 +477,37 @@ pub type OnAssignment = Box<dyn Fn(Assignment) + Send + Sync>;
 struct GroupContext {
     topic: String,
     on_assignment: OnAssignment,
+    /// The member's (steady, rebalance count) in the last statistics, if they said.
+    last_stats: std::sync::Mutex<Option<(bool, i64)>>,
+    /// The last two statistics found the member steady (joined, no rebalance under
+    /// way) after the same rebalance: its assignment is the group's, and delivered.
+    settled: std::sync::atomic::AtomicBool,
 }
 
-impl ClientContext for GroupContext {}
+/// How often the group member's statistics come (500 ms): they tell a rebalance
+/// under way, which a process about to stop must wait for.
+const MEMBER_STATS_MS: u64 = 500;
+
+impl ClientContext for GroupContext {
+    /// Reads only the consumer group's state from librdkafka's statistics: whether
+    /// the member is steady, and its rebalance count. Statistics that do not say
+    /// leave the member settled, as it was before they were read.
+    fn stats_raw(&self, statistics: &[u8]) {
+        let cgrp = serde_json::from_slice::<serde_json::Value>(statistics).ok().and_then(|s| {
+            let g = s.get("cgrp")?;
+            let steady = g.get("state")?.as_str()? == "up" && g.get("join_state")?.as_str()? == "steady";
+            Some((steady, g.get("rebalance_cnt")?.as_i64()?))
+        });
+        let mut last = self.last_stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let settled = match (*last, cgrp) {
+            (Some((true, before)), Some((true, now))) => before == now,
+            (_, Some(_)) => false,
+            (_, None) => true,
+        };
+        *last = cgrp;
+        self.settled.store(settled, std::sync::atomic::Ordering::Release);
+    }
+}
 
 impl GroupContext {
     fn partitions(&self, list: &TopicPartitionList) -> Vec<i32> {
@@ -526,11 +554,17 @@ impl GroupMember {
     /// Checks the broker and the topic, then subscribes; partitions arrive through
     /// `on_assignment` while [`GroupMember::poll`] runs.
     pub fn join(input: &KafkaInput, on_assignment: OnAssignment) -> Result<Self, KafkaError> {
-        let context = GroupContext { topic: input.topic.clone(), on_assignment };
+        let context = GroupContext {
+            topic: input.topic.clone(),
+            on_assignment,
+            last_stats: std::sync::Mutex::new(None),
+            settled: std::sync::atomic::AtomicBool::new(false),
+        };
         let consumer: BaseConsumer<GroupContext> = base_config(&input.bootstrap, &input.group)
             .set("partition.assignment.strategy", "cooperative-sticky")
             .set("session.timeout.ms", SESSION_TIMEOUT_MS.to_string())
             .set("heartbeat.interval.ms", "500")
+            .set("statistics.interval.ms", MEMBER_STATS_MS.to_string())
             .create_with_context(context)
             .map_err(|cause| KafkaError::Client { bootstrap: input.bootstrap.clone(), cause })?;
         topic_partitions(&consumer, input)?;
@@ -542,6 +576,14 @@ impl GroupMember {
         };
         consumer.subscribe(&[&input.topic]).map_err(fail)?;
         Ok(Self { consumer, input: input.clone() })
+    }
+
+    /// Whether no rebalance is under way as far as this member knows: its last two
+    /// statistics (`MEMBER_STATS_MS` apart) found it steady after the same rebalance.
+    /// A member that has just lost a peer is not: the group is about to give it
+    /// more partitions.
+    pub fn settled(&self) -> bool {
+        self.consumer.context().settled.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Serves the group (heartbeats, rebalances: the callbacks run here) for up to

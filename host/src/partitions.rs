@@ -44,7 +44,8 @@ pub struct Options {
     /// interval), so a small limit lets partitions at their end hold back busy ones.
     pub workers_max: usize,
     /// Stop once every assigned partition has read no record for this long and its
-    /// last read found the partition's end (default: run until stopped).
+    /// last read found the partition's end, and the group has no rebalance under way
+    /// (default: run until stopped).
     pub until_idle_ms: Option<u64>,
 }
 
@@ -333,14 +334,22 @@ fn restore_if_behind(
 type Workers = Arc<Mutex<BTreeMap<i32, Worker>>>;
 
 /// Starts and stops partitions as the group assigns and revokes them.
+/// Once `stopping` is set (the run is ending), partitions assigned are not started:
+/// the member's close can still deliver an assignment, and starting a partition
+/// there would fence its producer and restore its store only to stop it again,
+/// and would leave a worker that nothing joins.
 fn on_assignment(
     shared: Arc<Shared>,
     workers: Workers,
     failures: Arc<Mutex<Vec<Error>>>,
+    stopping: Arc<AtomicBool>,
 ) -> crate::kafka::OnAssignment {
     Box::new(move |change| {
         let mut failed = Vec::new();
         match change {
+            Assignment::Assigned(partitions) if stopping.load(Ordering::Acquire) => {
+                tracing::info!("partitions {partitions:?}: assigned while this process stops: not started");
+            }
             Assignment::Assigned(partitions) => {
                 let mut workers = workers.lock().unwrap_or_else(|e| e.into_inner());
                 for p in partitions {
@@ -423,7 +432,9 @@ pub fn run(
     });
     let workers: Workers = Arc::default();
     let failures: Arc<Mutex<Vec<Error>>> = Arc::default();
-    let member = GroupMember::join(&input, on_assignment(shared.clone(), workers.clone(), failures.clone()))?;
+    let stopping = Arc::new(AtomicBool::new(false));
+    let assign = on_assignment(shared.clone(), workers.clone(), failures.clone(), stopping.clone());
+    let member = GroupMember::join(&input, assign)?;
     let mut summary = Summary::default();
     let mut first_failure: Option<Error> = None;
     loop {
@@ -443,7 +454,9 @@ pub fn run(
             let workers = workers.lock().unwrap_or_else(|e| e.into_inner());
             !workers.is_empty() && workers.values().all(|w| w.idle.load(Ordering::Acquire))
         };
-        if options.until_idle_ms.is_some() && all_idle {
+        // A rebalance under way (a member died or left) may give this process more
+        // partitions: idle means idle once the group has settled.
+        if options.until_idle_ms.is_some() && all_idle && member.settled() {
             tracing::info!(
                 "every partition has been idle at its end for {} ms: stopping",
                 options.until_idle_ms.unwrap_or(0)
@@ -451,11 +464,12 @@ pub fn run(
             break;
         }
     }
-    let stopping = std::mem::take(&mut *workers.lock().unwrap_or_else(|e| e.into_inner()));
-    for w in stopping.values() {
+    stopping.store(true, Ordering::Release);
+    let running = std::mem::take(&mut *workers.lock().unwrap_or_else(|e| e.into_inner()));
+    for w in running.values() {
         w.ask_to_stop();
     }
-    for (p, w) in stopping {
+    for (p, w) in running {
         if let Err(e) = w.stop(p) {
             first_failure.get_or_insert(e);
         }
