@@ -218,12 +218,32 @@ pub struct Pipeline {
     /// Where each batch goes before the local commit (a Kafka partition's
     /// transaction), if anywhere.
     export: Option<Box<dyn BatchExport>>,
+    /// The first batch this run planned: its first batches are smaller (see
+    /// [`ramped_records_max`]).
+    run_first_batch_id: u64,
 }
 
 impl std::fmt::Debug for Pipeline {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pipeline").field("plugin", &self.swaps.label()).finish_non_exhaustive()
     }
+}
+
+/// Batches at the start of a run that read fewer records than `batch_events_max`.
+const RAMP_BATCHES: u64 = 4;
+
+/// The fewest records a ramped batch reads (a smaller `batch_events_max` is not ramped).
+const RAMP_RECORDS_MIN: usize = 16_384;
+
+/// The records the `nth` batch of a run may read: a sixteenth of `batch_events_max`,
+/// then an eighth, a quarter, a half, then all of it, but at least
+/// [`RAMP_RECORDS_MIN`]. The first batch is read before anything else can run; the
+/// later ones are read while the one before is processed, so a small first batch lets
+/// the work overlap sooner (over 10 000 keys a run's first 500 000-record read took a
+/// third of its time).
+fn ramped_records_max(batch_events_max: usize, nth: u64) -> usize {
+    let shift = u32::try_from(RAMP_BATCHES.saturating_sub(nth)).unwrap_or(0);
+    (batch_events_max >> shift).max(RAMP_RECORDS_MIN).min(batch_events_max)
 }
 
 /// The default cache directory for compiled plugins.
@@ -357,6 +377,7 @@ impl Pipeline {
         }
         let input = Preparer::new(source, decoder, clock.clone())?;
         Ok(Self {
+            run_first_batch_id: checkpoint.next_batch_id,
             config,
             clock,
             store,
@@ -604,16 +625,18 @@ impl Pipeline {
         self.store.fold_if_due().map_err(|cause| Error::Fold { batch_id: self.checkpoint.next_batch_id, cause })
     }
 
-    /// What a new batch from `start_offset` reads: up to `batch_events_max` records and
-    /// `batch_bytes_max` bytes and, from a file, up to `batch_keys_max` distinct keys
-    /// (stdin cannot give back the lines after a cut).
+    /// What a new batch from `start_offset` reads: up to `batch_events_max` records (fewer
+    /// in a run's first batches, [`ramped_records_max`]) and `batch_bytes_max` bytes
+    /// and, from a file, up to `batch_keys_max` distinct keys (stdin cannot give back the
+    /// lines after a cut).
     fn new_batch_request(&self, batch_id: u64, start_offset: u64, watermark_ms: i64) -> Request {
+        let nth = batch_id.saturating_sub(self.run_first_batch_id);
         Request {
             batch_id,
             start_offset,
             end_offset: None,
             watermark_ms,
-            records_max: self.config.batch_events_max,
+            records_max: ramped_records_max(self.config.batch_events_max, nth),
             bytes_max: self.config.batch_bytes_max,
             keys_max: if self.input.is_seekable() { self.config.batch_keys_max } else { usize::MAX },
             wait: Duration::from_millis(self.config.trigger_interval_ms),
@@ -1273,4 +1296,20 @@ fn check_streams(config: &PipelineConfig) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_runs_first_batches_ramp_up_to_batch_events_max_and_small_ones_do_not() {
+        let ramp: Vec<usize> = (0..6).map(|nth| ramped_records_max(500_000, nth)).collect();
+        assert_eq!(ramp, [31_250, 62_500, 125_000, 250_000, 500_000, 500_000]);
+        assert_eq!(ramped_records_max(100_000, 0), RAMP_RECORDS_MIN);
+        for small in [1, 443, 7_000, RAMP_RECORDS_MIN] {
+            assert_eq!(ramped_records_max(small, 0), small, "a batch of {small} is not ramped");
+        }
+        assert_eq!(ramped_records_max(usize::MAX, u64::MAX), usize::MAX);
+    }
 }
