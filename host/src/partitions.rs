@@ -35,6 +35,12 @@ use crate::store::Checkpoint;
 /// How often the group member is served (heartbeats, rebalances, commits): 100 ms.
 const MEMBER_POLL_MS: u64 = 100;
 
+/// How long an idle run waits for a rebalance under way to settle before it stops
+/// anyway (30 s; a dead member's partitions come a few seconds after its session
+/// timeout). A broker whose rebalance never completes (tansu, after the members
+/// that led it left) must not keep a run that is done from ending.
+const REBALANCE_SETTLE_MS_MAX: u64 = 30_000;
+
 /// How a process runs its partitions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
@@ -45,7 +51,7 @@ pub struct Options {
     pub workers_max: usize,
     /// Stop once every assigned partition has read no record for this long and its
     /// last read found the partition's end, and the group has no rebalance under way
-    /// (default: run until stopped).
+    /// (waited for up to 30 s) (default: run until stopped).
     pub until_idle_ms: Option<u64>,
 }
 
@@ -437,6 +443,8 @@ pub fn run(
     let member = GroupMember::join(&input, assign)?;
     let mut summary = Summary::default();
     let mut first_failure: Option<Error> = None;
+    // When an idle run first found a rebalance under way.
+    let mut unsettled_since_ns: Option<u64> = None;
     loop {
         if let Err(e) = member.poll(Duration::from_millis(MEMBER_POLL_MS)) {
             first_failure.get_or_insert(e.into());
@@ -454,14 +462,35 @@ pub fn run(
             let workers = workers.lock().unwrap_or_else(|e| e.into_inner());
             !workers.is_empty() && workers.values().all(|w| w.idle.load(Ordering::Acquire))
         };
+        if options.until_idle_ms.is_none() || !all_idle {
+            unsettled_since_ns = None;
+            continue;
+        }
         // A rebalance under way (a member died or left) may give this process more
-        // partitions: idle means idle once the group has settled.
-        if options.until_idle_ms.is_some() && all_idle && member.settled() {
-            tracing::info!(
-                "every partition has been idle at its end for {} ms: stopping",
-                options.until_idle_ms.unwrap_or(0)
-            );
-            break;
+        // partitions: idle means idle once the group has settled, or once it has
+        // not for REBALANCE_SETTLE_MS_MAX.
+        let now = shared.clock.monotonic_ns();
+        let unsettled_ms = match (member.settled(), unsettled_since_ns) {
+            (true, _) => None,
+            (false, None) => {
+                unsettled_since_ns = Some(now);
+                Some(0)
+            }
+            (false, Some(since)) => Some(now.saturating_sub(since) / 1_000_000),
+        };
+        let idle_ms = options.until_idle_ms.unwrap_or(0);
+        match unsettled_ms {
+            None => {
+                tracing::info!("every partition has been idle at its end for {idle_ms} ms: stopping");
+                break;
+            }
+            Some(ms) if ms >= REBALANCE_SETTLE_MS_MAX => {
+                tracing::warn!(
+                    "every partition has been idle at its end for {idle_ms} ms, and the group's rebalance has not settled in {ms} ms: stopping anyway; check the broker's group coordinator if partitions stay unassigned"
+                );
+                break;
+            }
+            Some(_) => {}
         }
     }
     stopping.store(true, Ordering::Release);
