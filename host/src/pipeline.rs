@@ -239,8 +239,8 @@ const RAMP_RECORDS_MIN: usize = 16_384;
 /// then an eighth, a quarter, a half, then all of it, but at least
 /// [`RAMP_RECORDS_MIN`]. The first batch is read before anything else can run; the
 /// later ones are read while the one before is processed, so a small first batch lets
-/// the work overlap sooner (over 10 000 keys a run's first 500 000-record read took a
-/// third of its time).
+/// the work overlap sooner and holds less (over 10 000 keys: 50 MiB less at the peak,
+/// BENCHMARKS.md).
 fn ramped_records_max(batch_events_max: usize, nth: u64) -> usize {
     let shift = u32::try_from(RAMP_BATCHES.saturating_sub(nth)).unwrap_or(0);
     (batch_events_max >> shift).max(RAMP_RECORDS_MIN).min(batch_events_max)
