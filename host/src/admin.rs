@@ -169,12 +169,12 @@ pub enum AdminError {
     )]
     SocketInUse(PathBuf),
     /// Binding failed.
-    #[error("admin endpoint: cannot listen on {listen}: {source}")]
+    #[error("admin endpoint: cannot listen on {listen}: {cause}")]
     Bind {
         /// Where.
         listen: String,
         /// The error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The runtime or the thread could not be made.
     #[error("admin endpoint: cannot start: {0}")]
@@ -296,7 +296,7 @@ enum Listener {
 impl Listener {
     /// Binds; returns the listener, where it is bound and, for a socket, its file.
     fn bind(listen: &Listen) -> Result<(Self, Listen, Option<SocketFile>), AdminError> {
-        let bind_error = |source| AdminError::Bind { listen: listen.to_string(), source };
+        let bind_error = |cause| AdminError::Bind { listen: listen.to_string(), cause };
         match listen {
             Listen::Tcp(addr) => {
                 let blocking = std::net::TcpListener::bind(addr).map_err(bind_error)?;
@@ -335,7 +335,7 @@ impl Drop for SocketFile {
 
 /// Binds a socket at `path` with mode 0600, replacing a stale one.
 fn bind_unix(path: &Path) -> Result<(std::os::unix::net::UnixListener, SocketFile), AdminError> {
-    let bind_error = |source| AdminError::Bind { listen: format!("unix:{}", path.display()), source };
+    let bind_error = |cause| AdminError::Bind { listen: format!("unix:{}", path.display()), cause };
     remove_stale_socket(path)?;
     // The socket is bound in a private directory and moved into place once its mode is
     // 0600, so there is no moment at which another user could connect: the backlog
@@ -370,7 +370,7 @@ fn remove_stale_socket(path: &Path) -> Result<(), AdminError> {
     if std::os::unix::net::UnixStream::connect(path).is_ok() {
         return Err(AdminError::SocketInUse(path.to_owned()));
     }
-    std::fs::remove_file(path).map_err(|source| AdminError::Bind { listen: format!("unix:{}", path.display()), source })
+    std::fs::remove_file(path).map_err(|cause| AdminError::Bind { listen: format!("unix:{}", path.display()), cause })
 }
 
 async fn accept_loop(listener: Listener, shared: Arc<Shared>) {

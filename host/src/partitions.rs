@@ -50,8 +50,9 @@ pub struct Options {
     /// interval), so a small limit lets partitions at their end hold back busy ones.
     pub workers_max: usize,
     /// Stop once every assigned partition has read no record for this long and its
-    /// last read found the partition's end, and the group has no rebalance under way
-    /// (waited for up to 30 s) (default: run until stopped).
+    /// last read found the partition's end, or the process has held no partition for
+    /// this long, and the group has no rebalance under way (waited for up to 30 s)
+    /// (default: run until stopped).
     pub until_idle_ms: Option<u64>,
 }
 
@@ -71,20 +72,20 @@ pub enum Error {
     #[error(transparent)]
     Kafka(Box<KafkaError>),
     /// A partition's pipeline failed (the others were stopped at a batch boundary).
-    #[error("partition {partition}: {source}")]
+    #[error("partition {partition}: {error}")]
     Partition {
         /// The partition.
         partition: i32,
         /// Its pipeline's error.
-        source: pipeline::Error,
+        error: pipeline::Error,
     },
     /// Restoring a partition's store from the changelog failed.
-    #[error("partition {partition}: {source}")]
+    #[error("partition {partition}: {error}")]
     Restore {
         /// The partition.
         partition: i32,
         /// What failed.
-        source: crate::restore::Error,
+        error: crate::restore::Error,
     },
     /// A partition's thread could not start or panicked.
     #[error("partition {partition}: {what}; run again to resume from the last committed batch")]
@@ -254,14 +255,14 @@ fn run_partition(
     idle: &AtomicBool,
 ) -> Result<(Checkpoint, u64), Error> {
     let config = partition_config(&shared.config, &shared.input, partition);
-    let failed = |source| Error::Partition { partition, source };
+    let failed = |error| Error::Partition { partition, error };
     let input = &KafkaInput { partition: Some(partition), ..shared.input.clone() };
     // Fences the partition's earlier owners before anything is read.
     let transactions = PartitionTransactions::open(input)?;
     let clock = shared.clock.clone();
     let progress = &mut |records, done| shared.observer.restoring(partition, records, done);
     restore_if_behind(&config, input, &transactions, clock.clone(), progress)
-        .map_err(|source| Error::Restore { partition, source })?;
+        .map_err(|error| Error::Restore { partition, error })?;
     // Every new version reaches this partition until `_membership` is dropped, when
     // the partition stops.
     let (mut pipeline, _membership) = shared.plugins.open_pipeline(partition, config, clock.clone()).map_err(failed)?;
@@ -303,12 +304,27 @@ fn restore_if_behind(
     let committed = transactions.committed();
     let group = crate::restore::GroupCommit { offset: committed.offset, next_batch_id: committed.next_batch_id };
     let limits = &config.limits;
-    let mut store = crate::store::Store::open(
-        &config.state_dir.join("store"),
-        limits.store_cache_bytes,
-        limits.store_buffer_bytes,
-        limits.store_log_bytes,
-    )?;
+    let dir = config.state_dir.join("store");
+    let open =
+        || crate::store::Store::open(&dir, limits.store_cache_bytes, limits.store_buffer_bytes, limits.store_log_bytes);
+    // The changelog holds every committed change, and the local store is never ahead
+    // of the group's commit: a damaged store (sled is not crash-safe in every case)
+    // is set aside and the partition restored, as Kafka Streams does with a corrupted
+    // task.
+    let mut store = match open() {
+        Err(e) if e.is_damage() => {
+            let aside = match set_aside(&dir) {
+                Ok(aside) => aside,
+                Err(cause) => return Err(crate::restore::Error::SetAside { path: dir.clone(), damage: e, cause }),
+            };
+            tracing::warn!(
+                "{e}: the partition's store is damaged; moved it to {} and restoring the partition from the changelog",
+                aside.display()
+            );
+            open()?
+        }
+        other => other?,
+    };
     let (local, pending) = (store.checkpoint()?, store.pending_plan()?);
     if !crate::restore::is_behind(local.as_ref(), pending.as_ref(), group) {
         return Ok(());
@@ -335,6 +351,17 @@ fn restore_if_behind(
     })?;
     progress(restored.records, true);
     Ok(())
+}
+
+/// Renames a damaged store dir to `<dir>.damaged-<unix ms>` beside it (kept for a
+/// post-mortem) and returns the new path.
+fn set_aside(dir: &Path) -> std::io::Result<PathBuf> {
+    let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    let mut name = dir.file_name().unwrap_or_default().to_owned();
+    name.push(format!(".damaged-{ms}"));
+    let aside = dir.with_file_name(name);
+    std::fs::rename(dir, &aside)?;
+    Ok(aside)
 }
 
 type Workers = Arc<Mutex<BTreeMap<i32, Worker>>>;
@@ -445,6 +472,8 @@ pub fn run(
     let mut first_failure: Option<Error> = None;
     // When an idle run first found a rebalance under way.
     let mut unsettled_since_ns: Option<u64> = None;
+    // Since when the process has held no partition.
+    let mut unassigned_since_ns: Option<u64> = None;
     loop {
         if let Err(e) = member.poll(Duration::from_millis(MEMBER_POLL_MS)) {
             first_failure.get_or_insert(e.into());
@@ -458,18 +487,27 @@ pub fn run(
         if first_failure.is_some() {
             break;
         }
+        let Some(idle_ms) = options.until_idle_ms else { continue };
+        let now = shared.clock.monotonic_ns();
+        // Idle: every partition is idle at its end, or the process has held none for
+        // `idle_ms` (more members than partitions, or its partitions went elsewhere).
         let all_idle = {
             let workers = workers.lock().unwrap_or_else(|e| e.into_inner());
-            !workers.is_empty() && workers.values().all(|w| w.idle.load(Ordering::Acquire))
+            if workers.is_empty() {
+                let since = *unassigned_since_ns.get_or_insert(now);
+                now.saturating_sub(since) >= idle_ms.saturating_mul(1_000_000)
+            } else {
+                unassigned_since_ns = None;
+                workers.values().all(|w| w.idle.load(Ordering::Acquire))
+            }
         };
-        if options.until_idle_ms.is_none() || !all_idle {
+        if !all_idle {
             unsettled_since_ns = None;
             continue;
         }
         // A rebalance under way (a member died or left) may give this process more
         // partitions: idle means idle once the group has settled, or once it has
         // not for REBALANCE_SETTLE_MS_MAX.
-        let now = shared.clock.monotonic_ns();
         let unsettled_ms = match (member.settled(), unsettled_since_ns) {
             (true, _) => None,
             (false, None) => {
@@ -478,15 +516,18 @@ pub fn run(
             }
             (false, Some(since)) => Some(now.saturating_sub(since) / 1_000_000),
         };
-        let idle_ms = options.until_idle_ms.unwrap_or(0);
+        let idle = match unassigned_since_ns {
+            Some(_) => format!("the process has held no partition for {idle_ms} ms"),
+            None => format!("every partition has been idle at its end for {idle_ms} ms"),
+        };
         match unsettled_ms {
             None => {
-                tracing::info!("every partition has been idle at its end for {idle_ms} ms: stopping");
+                tracing::info!("{idle}: stopping");
                 break;
             }
             Some(ms) if ms >= REBALANCE_SETTLE_MS_MAX => {
                 tracing::warn!(
-                    "every partition has been idle at its end for {idle_ms} ms, and the group's rebalance has not settled in {ms} ms: stopping anyway; check the broker's group coordinator if partitions stay unassigned"
+                    "{idle}, and the group's rebalance has not settled in {ms} ms: stopping anyway; check the broker's group coordinator if partitions stay unassigned"
                 );
                 break;
             }

@@ -70,6 +70,18 @@ pub enum Error {
     /// The local store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A damaged store could not be moved aside to restore the partition.
+    #[error(
+        "{damage}; moving the damaged store {path} aside to restore the partition from the changelog failed: {cause}; move or delete it yourself and run again"
+    )]
+    SetAside {
+        /// The store dir.
+        path: std::path::PathBuf,
+        /// What is damaged.
+        damage: StoreError,
+        /// The rename's error.
+        cause: std::io::Error,
+    },
     /// The changelog could not be read.
     #[error("restoring from the changelog: {0}")]
     Read(ReadError),

@@ -202,12 +202,12 @@ pub enum ScaffoldError {
     )]
     SdkPath(PathBuf),
     /// A file could not be written.
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}: {cause}")]
     Write {
         /// The file or folder.
         path: PathBuf,
         /// The I/O error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -393,7 +393,7 @@ pub fn create(project: &NewProject) -> Result<Vec<String>, ScaffoldError> {
 /// The SDK checkout's absolute path as text that Cargo.toml, package.json and bash all
 /// take inside double quotes without escaping.
 fn sdk_path_text(sdk: &Path) -> Result<String, ScaffoldError> {
-    let absolute = std::path::absolute(sdk).map_err(|source| ScaffoldError::Write { path: sdk.to_owned(), source })?;
+    let absolute = std::path::absolute(sdk).map_err(|cause| ScaffoldError::Write { path: sdk.to_owned(), cause })?;
     let absolute = absolute.canonicalize().unwrap_or(absolute);
     let text = absolute.to_str().ok_or_else(|| ScaffoldError::SdkPath(absolute.clone()))?;
     if text.chars().any(|c| matches!(c, '"' | '\'' | '\\' | '$' | '`' | '\n' | '\r')) {
@@ -408,12 +408,12 @@ fn check_empty(dir: &Path) -> Result<(), ScaffoldError> {
         Ok(true) => Err(ScaffoldError::NotEmpty(dir.to_owned())),
         Ok(false) => Ok(()),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(ScaffoldError::Write { path: dir.to_owned(), source }),
+        Err(cause) => Err(ScaffoldError::Write { path: dir.to_owned(), cause }),
     }
 }
 
 fn write_file(path: &Path, text: &str, executable: bool) -> Result<(), ScaffoldError> {
-    let failed = |source| ScaffoldError::Write { path: path.to_owned(), source };
+    let failed = |cause| ScaffoldError::Write { path: path.to_owned(), cause };
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(failed)?;
     }

@@ -103,6 +103,16 @@ pub enum StoreError {
         /// sled's error.
         cause: sled::Error,
     },
+    /// sled's files are damaged: it cannot read what it wrote.
+    #[error(
+        "state dir {path}: sled's files are damaged ({cause}), so nothing was changed; restore the state dir from a backup, or move it aside and start a new one (a kafka:// input does that itself and rebuilds the partition from its changelog)"
+    )]
+    Damaged {
+        /// The state dir.
+        path: PathBuf,
+        /// sled's error.
+        cause: sled::Error,
+    },
     /// A read or write failed.
     #[error("state store: {what} failed: {cause}")]
     Io {
@@ -157,6 +167,23 @@ pub enum StoreError {
         /// What the fold marker says it must hold.
         expected: String,
     },
+}
+
+impl StoreError {
+    /// The store's files are damaged (sled, the redo log or a record cannot be read
+    /// as written, or sled holds less than was folded into it), as opposed to a
+    /// disk, permission or lock problem that running again can fix.
+    pub fn is_damage(&self) -> bool {
+        match self {
+            Self::Open { cause, .. } | Self::Io { cause, .. } => matches!(cause, sled::Error::Corruption { .. }),
+            Self::Damaged { .. }
+            | Self::Decode(_)
+            | Self::Corrupt(_)
+            | Self::LogDamaged { .. }
+            | Self::Behind { .. } => true,
+            Self::Log { .. } | Self::OldLayout { .. } => false,
+        }
+    }
 }
 
 impl From<LogError> for StoreError {
@@ -375,7 +402,10 @@ impl Store {
     /// `cache_bytes` is sled's page cache; the committed changes are folded into sled
     /// when they take more than about `buffer_bytes` of memory or `log_bytes` of log.
     pub fn open(dir: &Path, cache_bytes: u64, buffer_bytes: u64, log_bytes: u64) -> Result<Self> {
-        let open_err = |cause| StoreError::Open { path: dir.to_owned(), cause };
+        let open_err = |cause| match cause {
+            sled::Error::Corruption { .. } => StoreError::Damaged { path: dir.to_owned(), cause },
+            cause => StoreError::Open { path: dir.to_owned(), cause },
+        };
         let config = sled::Config::new()
             .path(dir)
             .cache_capacity(cache_bytes)

@@ -121,7 +121,8 @@ struct RunArgs {
     #[arg(long)]
     group: Option<String>,
     /// With a kafka:// input: stop once every assigned partition has read no record for
-    /// this long and found its end [default: run until stopped].
+    /// this long and found its end, or none has been assigned for this long [default:
+    /// run until stopped].
     #[arg(long)]
     until_idle_ms: Option<u64>,
     /// With a kafka:// input: partitions that run a batch at once, waiting for records
