@@ -9,7 +9,6 @@
 //! series with the partition's number.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::pipeline::{BatchReport, StageTimes};
@@ -23,7 +22,6 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 pub struct Metrics {
     /// In partition order.
     partitions: Mutex<Vec<Arc<PartitionMetrics>>>,
-    plugin_swaps: AtomicU64,
 }
 
 /// The metrics of one partition's batch loop. Its values sit behind one mutex, taken
@@ -52,6 +50,8 @@ struct PartitionValues {
     lag: Option<u64>,
     /// Restoring from the changelog: records read, and whether it is under way.
     restore: Option<(u64, bool)>,
+    /// Plugin swaps of the partition's batch loop, rollbacks included.
+    plugin_swaps: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -79,12 +79,6 @@ impl Metrics {
                 metrics
             }
         }
-    }
-
-    /// Sets the number of plugin swaps so far (rollbacks included, as `GET /plugin`
-    /// lists them).
-    pub fn set_plugin_swaps(&self, swaps: u64) {
-        self.plugin_swaps.store(swaps, Ordering::Relaxed);
     }
 
     /// Every metric in Prometheus's text format 0.0.4, with `# HELP` and `# TYPE`
@@ -193,11 +187,11 @@ impl Metrics {
             "1 while the partition's store is being restored from the changelog, 0 after.",
             |v| v.restore.map(|(_, on)| u8::from(on).to_string()),
         );
-        out.family(
+        out.per_partition(
             "groupstate_plugin_swaps_total",
             COUNTER,
             "Plugin swaps at a batch boundary, rollbacks included.",
-            &[(String::new(), self.plugin_swaps.load(Ordering::Relaxed).to_string())],
+            |v| Some(v.plugin_swaps.to_string()),
         );
         out.out
     }
@@ -233,6 +227,12 @@ impl PartitionMetrics {
     /// records read, and whether it is still under way.
     pub fn set_restore(&self, records: u64, restoring: bool) {
         self.values.lock().unwrap_or_else(PoisonError::into_inner).restore = Some((records, restoring));
+    }
+
+    /// Sets the number of the batch loop's plugin swaps so far (rollbacks included, as
+    /// `GET /plugin` lists them).
+    pub fn set_plugin_swaps(&self, swaps: u64) {
+        self.values.lock().unwrap_or_else(PoisonError::into_inner).plugin_swaps = swaps;
     }
 
     /// Sets the keys in the store and the timers pending, as counted before the
@@ -374,7 +374,7 @@ mod tests {
         metrics.partition(0);
         let (samples, _) = parse(&metrics.render());
         assert_eq!(value(&samples, "groupstate_batches_total{partition=\"0\"}"), Some("0"));
-        assert_eq!(value(&samples, "groupstate_plugin_swaps_total"), Some("0"));
+        assert_eq!(value(&samples, "groupstate_plugin_swaps_total{partition=\"0\"}"), Some("0"));
         assert!(samples.iter().all(|(s, _)| !s.starts_with("groupstate_last_batch")), "{samples:?}");
         assert!(samples.iter().all(|(s, _)| !s.starts_with("groupstate_keys")), "no count of the store was given");
     }
@@ -386,7 +386,7 @@ mod tests {
         p0.set_stored(10, 4);
         p0.record_batch(&report(7, 100, 5));
         p0.record_batch(&report(8, 50, 6));
-        metrics.set_plugin_swaps(2);
+        p0.set_plugin_swaps(2);
         let text = metrics.render();
         let (samples, types) = parse(&text);
         let p = |name: &str| value(&samples, &format!("{name}{{partition=\"0\"}}")).map(str::to_owned);
@@ -407,7 +407,7 @@ mod tests {
         assert_eq!(stage("groupstate_stage_seconds_total", "read_decode"), Some("0.000000000"));
         let calls = value(&samples, "groupstate_plugin_calls_total{partition=\"0\",kind=\"data\"}");
         assert_eq!(calls, Some("4"));
-        assert_eq!(value(&samples, "groupstate_plugin_swaps_total"), Some("2"));
+        assert_eq!(p("groupstate_plugin_swaps_total").as_deref(), Some("2"));
 
         // Every family is typed once, counters end in _total, and each sample follows
         // its family's HELP and TYPE lines.

@@ -313,7 +313,7 @@ fn restore_if_behind(
     // task.
     let mut store = match open() {
         Err(e) if e.is_damage() => {
-            let aside = match set_aside(&dir) {
+            let aside = match set_aside(&dir, clock.now_ms()) {
                 Ok(aside) => aside,
                 Err(cause) => return Err(crate::restore::Error::SetAside { path: dir.clone(), damage: e, cause }),
             };
@@ -355,10 +355,9 @@ fn restore_if_behind(
 
 /// Renames a damaged store dir to `<dir>.damaged-<unix ms>` beside it (kept for a
 /// post-mortem) and returns the new path.
-fn set_aside(dir: &Path) -> std::io::Result<PathBuf> {
-    let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+fn set_aside(dir: &Path, now_ms: i64) -> std::io::Result<PathBuf> {
     let mut name = dir.file_name().unwrap_or_default().to_owned();
-    name.push(format!(".damaged-{ms}"));
+    name.push(format!(".damaged-{now_ms}"));
     let aside = dir.with_file_name(name);
     std::fs::rename(dir, &aside)?;
     Ok(aside)

@@ -738,6 +738,11 @@ fn hot_load_by_watch_and_upload_reaches_every_partition_and_counts_each_record_o
     let statuses = run.wait_for_swaps("counter 1.0.0", 2);
     assert!(run.plugin()["newest"].as_str().unwrap().starts_with("admin upload"), "{}", run.plugin());
     produce(&phases[2]);
+    // Every partition's next batch reports its two swaps.
+    run.wait_for("groupstate_plugin_swaps_total 2 at every partition", |run| {
+        let metrics = http_get(&run.socket(), "/metrics").map(|(_, body)| body).unwrap_or_default();
+        (0..4).all(|p| metrics.lines().any(|l| l == format!("groupstate_plugin_swaps_total{{partition=\"{p}\"}} 2")))
+    });
     let beats = run.beats;
     let status = run.child.wait().unwrap();
     let log = std::fs::read_to_string(dir.path().join("run.log")).unwrap();
