@@ -5,11 +5,12 @@
 /// libmimalloc-sys 0.1.49, which names the option after it but not it).
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
-/// How long mimalloc keeps memory freed before it returns it to the system. Its
-/// default, one second, held some 70 MiB more at the peak of a run over a million keys
-/// (the folds free their chunks and pages in bursts); 10 ms costs a few percent of
-/// throughput there (BENCHMARKS.md).
-const PURGE_DELAY_MS: std::ffi::c_long = 10;
+/// How long mimalloc keeps memory freed before it returns it to the system. With
+/// transparent huge pages off, over 10M events and 1M keys, 100 ms ran 1.23× faster
+/// than 10 ms with a peak of 184 MiB instead of 155; mimalloc's default, one second,
+/// 1.31× faster, but its peak of 231 MiB came close to the 256 MiB budget
+/// (BENCHMARKS.md).
+const PURGE_DELAY_MS: std::ffi::c_long = 100;
 
 /// Makes mimalloc return freed memory to the system after [`PURGE_DELAY_MS`], unless
 /// `MIMALLOC_PURGE_DELAY` is set (mimalloc reads its own variables), and turns
