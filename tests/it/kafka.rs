@@ -489,8 +489,8 @@ fn a_0_2_plugins_missing_or_damaged_partition_is_restored_with_its_world_and_ent
         Command::new(groupstate_bin()).args(args).stdin(Stdio::null()).output().unwrap()
     };
     assert_success(&run());
-    // Partition 1's dir is deleted; partition 2's sled file is cut to nothing (as
-    // sled may leave it after a kill), which its fold marker tells.
+    // Partition 1's dir is deleted; partition 2's sled file is cut to nothing, and
+    // sled finds it corrupt at open (as after the kill that once left one so).
     let partition = |p: i32| dir.path().join(format!("state/partition-{p}"));
     let before: Vec<(String, String)> = [1, 2]
         .iter()
