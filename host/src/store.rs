@@ -175,13 +175,14 @@ impl StoreError {
     /// disk, permission or lock problem that running again can fix.
     pub fn is_damage(&self) -> bool {
         match self {
-            Self::Open { cause, .. } | Self::Io { cause, .. } => matches!(cause, sled::Error::Corruption { .. }),
+            // `Store::open` reports sled's corruption as `Damaged`, not `Open`.
+            Self::Io { cause, .. } => matches!(cause, sled::Error::Corruption { .. }),
             Self::Damaged { .. }
             | Self::Decode(_)
             | Self::Corrupt(_)
             | Self::LogDamaged { .. }
             | Self::Behind { .. } => true,
-            Self::Log { .. } | Self::OldLayout { .. } => false,
+            Self::Open { .. } | Self::Log { .. } | Self::OldLayout { .. } => false,
         }
     }
 }
