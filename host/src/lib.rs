@@ -15,6 +15,7 @@ mod fold_mark;
 mod function;
 mod hot_swap;
 pub mod kafka;
+mod key_order;
 pub mod keyed;
 pub mod metrics;
 mod overlay;

@@ -592,7 +592,7 @@ impl Store {
                 None => stored.push(i),
             }
         }
-        stored.sort_unstable_by(|a, b| keys[*a].cmp(keys[*b]));
+        let stored = crate::key_order::sorted_by_key(&stored, |&i| keys[i].as_bytes());
         let mut pages = PageCursor::new(&self.folder.tree);
         for i in stored {
             let key = keys[i];

@@ -1,0 +1,62 @@
+//! Sorting many keys by their bytes, as the store orders them.
+//!
+//! A fold sorts every key of the overlay and a batch sorts the keys it reads from sled,
+//! hundreds of thousands at a million keys. Compared whole, each comparison follows two
+//! pointers and calls `memcmp` over a prefix that real keys share (`"s-00…"`,
+//! `"user:…"`): 4.5% of a batch loop's time and 15% of a fold's at a million keys. So
+//! the keys are sorted by the eight bytes after the prefix all of them share, as one
+//! integer held next to the item, and compared whole only where those bytes tie.
+
+/// `items` in the order of `key(item)`'s bytes (ties in any order).
+pub(crate) fn sorted_by_key<'k, T: Copy + 'k>(items: &'k [T], key: impl Fn(&'k T) -> &'k [u8]) -> Vec<T> {
+    let Some(first) = items.first().map(&key) else {
+        return Vec::new();
+    };
+    let shared = items.iter().fold(first.len(), |n, item| common_prefix_len(&first[..n], key(item)));
+    let mut order: Vec<(u64, usize)> =
+        items.iter().enumerate().map(|(i, item)| (leading_u64(&key(item)[shared..]), i)).collect();
+    // Big-endian, zero-padded: a smaller integer is a smaller key (a key that ends
+    // inside the eight bytes pads with zeros, and is a prefix of any key it ties).
+    order.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| key(&items[a.1]).cmp(key(&items[b.1]))));
+    order.into_iter().map(|(_, i)| items[i]).collect()
+}
+
+fn common_prefix_len(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The first eight bytes of `bytes` as a big-endian integer, zero-padded.
+fn leading_u64(bytes: &[u8]) -> u64 {
+    let mut buf = [0u8; 8];
+    let n = bytes.len().min(8);
+    buf[..n].copy_from_slice(&bytes[..n]);
+    u64::from_be_bytes(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::Rng;
+
+    #[test]
+    fn sorts_as_the_bytes_do() {
+        let mut rng = Rng::new(11);
+        // Short alphabets and shared prefixes make ties in the leading bytes, keys that
+        // are prefixes of others, and zero bytes (which the padding also uses).
+        let alphabet: &[&str] = &["\0", "a", "b", "é", "\u{7f}", "z"];
+        for round in 0..400 {
+            let prefix = ["", "s-", "sensor-0000", "x"][round % 4];
+            let keys: Vec<String> = (0..rng.range(0, 60))
+                .map(|_| {
+                    let tail: String =
+                        (0..rng.range(0, 12)).map(|_| alphabet[rng.range(0, alphabet.len() as i64) as usize]).collect();
+                    format!("{prefix}{tail}")
+                })
+                .collect();
+            let got: Vec<&str> = sorted_by_key(&keys.iter().map(String::as_str).collect::<Vec<_>>(), |k| k.as_bytes());
+            let mut want: Vec<&str> = keys.iter().map(String::as_str).collect();
+            want.sort_unstable();
+            assert_eq!(got, want, "round {round}");
+        }
+    }
+}
