@@ -222,7 +222,7 @@ pub struct Limits {
     pub migration_check_ms_max: u64,
     /// sled's page cache (default 64 MiB).
     pub store_cache_bytes: u64,
-    /// Memory for committed state changes not yet folded into sled (default 8 MiB):
+    /// Memory for committed state changes not yet folded into sled (default 16 MiB):
     /// a key updated in many batches within it is written to sled once.
     pub store_buffer_bytes: u64,
     /// Size of the store's redo log before it is folded into sled (default 64 MiB); a
@@ -250,7 +250,7 @@ impl Default for Limits {
             initial_state_bytes_max: 1 << 30,
             migration_check_ms_max: 10_000,
             store_cache_bytes: 64 << 20,
-            store_buffer_bytes: 8 << 20,
+            store_buffer_bytes: 16 << 20,
             store_log_bytes: 64 << 20,
         }
     }

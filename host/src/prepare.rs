@@ -9,9 +9,11 @@
 //! the pipeline asks for (after a rollback, say) is simply dropped and prepared again.
 //! Stdin is prepared in line: its lines cannot be read twice.
 
-use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
+
+use hashbrown::HashTable;
 
 use crate::clock::Clock;
 use crate::decode::Decoder;
@@ -75,6 +77,9 @@ pub(crate) struct Prepared {
 /// Lines read between two calls of the `idle` callback of [`prepare`].
 const LINES_BETWEEN_IDLE: u64 = 4096;
 
+/// The most keys a batch reserves room for up front (`batch_keys_max` may be far more).
+const KEYS_RESERVED_MAX: usize = 1 << 16;
+
 /// Reads and prepares one batch from `source`, calling `idle` every few thousand lines
 /// (the input thread frees recycled batches there).
 fn prepare(
@@ -90,8 +95,15 @@ fn prepare(
         source.rewind_to(req.start_offset)?;
     }
     let mut out = Prepared::default();
-    // foldhash, randomly seeded: SipHash showed in profiles of this per-line lookup.
-    let mut index: HashMap<String, usize, foldhash::fast::RandomState> = HashMap::default();
+    // A batch over many keys used to grow these by doubling, rehashing and copying as
+    // it went (a fifth of the input thread's time at a million keys).
+    let keys_expected = req.keys_max.min(req.records_max).min(KEYS_RESERVED_MAX);
+    out.groups.reserve(keys_expected);
+    // The position of each key's group in `out.groups`, by the key's hash (foldhash,
+    // randomly seeded: SipHash showed in profiles of this per-line lookup); the key
+    // itself is held once, in its group.
+    let hasher = foldhash::fast::RandomState::default();
+    let mut index: HashTable<usize> = HashTable::with_capacity(keys_expected);
     let mut cut = None;
     source.read_lines(req.records_max, req.bytes_max, req.end_offset, req.wait, |line| {
         if out.records % LINES_BETWEEN_IDLE == 0 {
@@ -149,18 +161,20 @@ fn prepare(
                 return Ok(true);
             }
         };
-        let slot = match index.get(key.as_ref()) {
+        let hash = hasher.hash_one(key.as_ref());
+        let groups = &mut out.groups;
+        let slot = match index.find(hash, |&i| groups[i].0 == key.as_ref()) {
             Some(&i) => i,
-            None if out.groups.len() == req.keys_max => {
+            None if groups.len() == req.keys_max => {
                 // This record starts the next batch.
                 cut = Some(line.offset);
                 return Ok(false);
             }
             None => {
-                let key = key.into_owned();
-                index.insert(key.clone(), out.groups.len());
-                out.groups.push((key, Vec::new()));
-                out.groups.len() - 1
+                index.insert_unique(hash, groups.len(), |&i| hasher.hash_one(&groups[i].0));
+                // Most keys of a batch over many keys have one event.
+                groups.push((key.into_owned(), Vec::with_capacity(1)));
+                groups.len() - 1
             }
         };
         out.groups[slot].1.push(Event { event_time_ms, payload: text });

@@ -170,7 +170,7 @@ struct RunArgs {
     /// Distinct keys per micro-batch at most [default: 20000].
     #[arg(long)]
     batch_keys: Option<usize>,
-    /// Memory for committed state changes not yet written into sled [default: 8388608].
+    /// Memory for committed state changes not yet written into sled [default: 16777216].
     #[arg(long)]
     store_buffer: Option<u64>,
     /// On a failed plugin call: fail, skip or dead-letter [default: fail].
