@@ -194,27 +194,33 @@ fn throughput(events: &[u64], sensors: &[u64], runs: usize, batch_events: usize,
             );
         }
     }
-    // Cost of an event = 1 / events per second (wall time, as the tables).
+    // Cost of an event = 1 / events per second (wall time, as the tables); its CPU
+    // cost = CPU seconds / events, which other tenants of a shared machine move less.
     let cost = |cell: &Cell, config: &str| 1.0 / cell.median(config, "events_per_s");
+    let cpu = |cell: &Cell, config: &str| cell.median(config, "cpu_s") / cell.events as f64;
     let find = |e: u64, s: u64| cells.iter().find(|c| c.events == e && c.sensors == s).expect("cell");
     for &config in configs {
         for &e in events {
             let base = find(e, sensors[0]);
             for &s in &sensors[1..] {
+                let cell = find(e, s);
                 println!(
-                    "{config}, {e} events: an event costs {:.2}x at {s} sensors what it costs at {} sensors",
-                    cost(find(e, s), config) / cost(base, config),
-                    sensors[0]
+                    "{config}, {e} events: an event costs {:.2}x at {s} sensors what it costs at {} sensors (CPU: {:.2}x)",
+                    cost(cell, config) / cost(base, config),
+                    sensors[0],
+                    cpu(cell, config) / cpu(base, config),
                 );
             }
         }
         for &s in sensors {
             let base = find(events[0], s);
             for &e in &events[1..] {
+                let cell = find(e, s);
                 println!(
-                    "{config}, {s} sensors: an event costs {:.2}x over {e} events what it costs over {} events",
-                    cost(find(e, s), config) / cost(base, config),
-                    events[0]
+                    "{config}, {s} sensors: an event costs {:.2}x over {e} events what it costs over {} events (CPU: {:.2}x)",
+                    cost(cell, config) / cost(base, config),
+                    events[0],
+                    cpu(cell, config) / cpu(base, config),
                 );
             }
         }

@@ -103,6 +103,11 @@ impl std::fmt::Debug for Overlay {
 }
 
 impl Overlay {
+    /// An empty overlay whose arena has room for `bytes` of entries.
+    pub fn with_arena_capacity(bytes: usize) -> Self {
+        Self { arena: Vec::with_capacity(bytes), ..Self::default() }
+    }
+
     /// Applies one committed change.
     pub fn apply(&mut self, key: &str, after: Option<&KeyRecord>) {
         let at = self.arena.len();
