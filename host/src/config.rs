@@ -304,7 +304,7 @@ pub struct PipelineConfig {
     /// is held in memory.
     #[serde(default = "default_batch_bytes")]
     pub batch_bytes_max: u64,
-    /// Distinct keys per micro-batch at most (default 20 000): a batch ends before the
+    /// Distinct keys per micro-batch at most (default 50 000): a batch ends before the
     /// record that would bring one more. It bounds the size of a commit, and with it
     /// sled's memory, when nearly every record has a key of its own. Stdin batches are
     /// bounded by records only.
@@ -353,7 +353,7 @@ fn default_batch_bytes() -> u64 {
     64 << 20
 }
 fn default_batch_keys() -> usize {
-    20_000
+    50_000
 }
 fn default_trigger_interval() -> u64 {
     1000

@@ -167,7 +167,7 @@ struct RunArgs {
     /// Input bytes per micro-batch at most; a batch ends after the line that reaches it [default: 67108864].
     #[arg(long)]
     batch_bytes: Option<u64>,
-    /// Distinct keys per micro-batch at most [default: 20000].
+    /// Distinct keys per micro-batch at most [default: 50000].
     #[arg(long)]
     batch_keys: Option<usize>,
     /// Memory for committed state changes not yet written into sled [default: 16777216].
