@@ -196,6 +196,8 @@ pub(crate) struct SwapController {
     /// The migration check of the next candidate, under way on its own thread.
     check: Option<SwapCheck<Candidate>>,
     status: Arc<Mutex<PluginStatus>>,
+    /// Swaps so far, rollbacks included (`status.swaps`'s length, without its lock).
+    swaps: u64,
 }
 
 impl SwapController {
@@ -204,7 +206,16 @@ impl SwapController {
         let label = label_of(plugin.info());
         let (sender, queue) = mpsc::sync_channel(CANDIDATES_MAX);
         let status = PluginStatus { running: label.clone(), since_batch, ..PluginStatus::default() };
-        Self { plugin, label, queue, sender, probation: None, check: None, status: Arc::new(Mutex::new(status)) }
+        Self {
+            plugin,
+            label,
+            queue,
+            sender,
+            probation: None,
+            check: None,
+            status: Arc::new(Mutex::new(status)),
+            swaps: 0,
+        }
     }
 
     /// The running plugin, for a call.
@@ -235,6 +246,11 @@ impl SwapController {
     /// The status shared with the admin endpoint.
     pub fn status(&self) -> Arc<Mutex<PluginStatus>> {
         self.status.clone()
+    }
+
+    /// The swaps so far, rollbacks included (as `GET /plugin` lists them).
+    pub fn swaps(&self) -> u64 {
+        self.swaps
     }
 
     /// Whether the running plugin was swapped in and has not committed a batch yet.
@@ -319,6 +335,7 @@ impl SwapController {
         );
         let previous = std::mem::replace(&mut self.plugin, candidate.plugin);
         let previous_label = std::mem::replace(&mut self.label, label.clone());
+        self.swaps += 1;
         self.update_status(|s| {
             s.swaps.push((batch_id, previous_label.clone(), label.clone()));
             s.running = label;
@@ -349,6 +366,7 @@ impl SwapController {
         tracing::warn!(batch = batch_id, "{message}; the batch runs again with it");
         self.plugin = previous;
         self.label = previous_label.clone();
+        self.swaps += 1;
         self.update_status(|s| {
             s.swaps.push((batch_id, failed.to_owned(), previous_label.clone()));
             s.running = previous_label;

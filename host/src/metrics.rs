@@ -221,18 +221,13 @@ impl PartitionMetrics {
         }
         // No event time yet leaves the watermark at its lowest value: there is none.
         v.watermark_ms = (report.watermark_ms != i64::MIN).then_some(report.watermark_ms);
+        v.plugin_swaps = report.plugin_swaps;
     }
 
     /// Sets how far restoring the partition from the changelog has come: changelog
     /// records read, and whether it is still under way.
     pub fn set_restore(&self, records: u64, restoring: bool) {
         self.values.lock().unwrap_or_else(PoisonError::into_inner).restore = Some((records, restoring));
-    }
-
-    /// Sets the number of the batch loop's plugin swaps so far (rollbacks included, as
-    /// `GET /plugin` lists them).
-    pub fn set_plugin_swaps(&self, swaps: u64) {
-        self.values.lock().unwrap_or_else(PoisonError::into_inner).plugin_swaps = swaps;
     }
 
     /// Sets the keys in the store and the timers pending, as counted before the
@@ -385,8 +380,7 @@ mod tests {
         let p0 = metrics.partition(0);
         p0.set_stored(10, 4);
         p0.record_batch(&report(7, 100, 5));
-        p0.record_batch(&report(8, 50, 6));
-        p0.set_plugin_swaps(2);
+        p0.record_batch(&BatchReport { plugin_swaps: 2, ..report(8, 50, 6) });
         let text = metrics.render();
         let (samples, types) = parse(&text);
         let p = |name: &str| value(&samples, &format!("{name}{{partition=\"0\"}}")).map(str::to_owned);

@@ -51,11 +51,10 @@ impl Page {
         let (mut low, mut high) = (0, view.count);
         while low < high {
             let mid = (low + high) / 2;
-            let (k, record) = view.raw_entry(mid)?;
-            match k.cmp(key.as_bytes()) {
+            match view.raw_key(mid)?.cmp(key.as_bytes()) {
                 std::cmp::Ordering::Less => low = mid + 1,
                 std::cmp::Ordering::Greater => high = mid,
-                std::cmp::Ordering::Equal => return Ok(Some(codec::decode("page record", record)?)),
+                std::cmp::Ordering::Equal => return Ok(Some(codec::decode("page record", view.raw_entry(mid)?.1)?)),
             }
         }
         Ok(None)
@@ -244,16 +243,21 @@ impl<'a> View<'a> {
         Ok((key, record))
     }
 
-    /// [`View::entry`] with the key's UTF-8 unchecked: what a lookup compares (UTF-8
-    /// orders as its bytes).
-    fn raw_entry(&self, i: usize) -> Result<(&'a [u8], &'a [u8]), DecodeError> {
+    /// The key of entry `i`, its UTF-8 unchecked: what a lookup compares (UTF-8 orders
+    /// as its bytes), without the record's length and bounds.
+    fn raw_key(&self, i: usize) -> Result<&'a [u8], DecodeError> {
         let at = read_u32(self.bytes, 4 + 4 * i)? as usize;
         let key_len = self.bytes.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize);
         let key_len = key_len.ok_or_else(|| DecodeError::invalid("page", "entry past the end"))?;
-        let key =
-            self.bytes.get(at + 2..at + 2 + key_len).ok_or_else(|| DecodeError::invalid("page", "key past the end"))?;
-        let record_len = read_u32(self.bytes, at + 2 + key_len)? as usize;
-        let start = at + 6 + key_len;
+        self.bytes.get(at + 2..at + 2 + key_len).ok_or_else(|| DecodeError::invalid("page", "key past the end"))
+    }
+
+    /// [`View::entry`] with the key's UTF-8 unchecked.
+    fn raw_entry(&self, i: usize) -> Result<(&'a [u8], &'a [u8]), DecodeError> {
+        let key = self.raw_key(i)?;
+        let at = read_u32(self.bytes, 4 + 4 * i)? as usize;
+        let record_len = read_u32(self.bytes, at + 2 + key.len())? as usize;
+        let start = at + 6 + key.len();
         let record = self
             .bytes
             .get(start..start + record_len)

@@ -175,6 +175,8 @@ pub struct BatchReport {
     /// A Kafka partition's records after the batch, as its consumer last learned
     /// from the broker (none for other inputs).
     pub input_lag: Option<u64>,
+    /// The batch loop's plugin swaps so far, rollbacks included.
+    pub plugin_swaps: u64,
 }
 
 /// What a run did.
@@ -763,6 +765,7 @@ impl Pipeline {
             stages: StageTimes::default(),
             duration_ns: 0,
             input_lag: self.input_lag,
+            plugin_swaps: self.swaps.swaps(),
         })
     }
 
@@ -810,13 +813,15 @@ impl Pipeline {
         batch.changes.reserve(groups.len());
         let loaded = self.load(groups.iter().map(|(k, _)| k.as_str()))?;
         let calls = self.calls_started();
-        for (i, ((key, events), before)) in groups.iter().zip(loaded).enumerate() {
+        let called = groups.iter().zip(loaded).enumerate().try_for_each(|(i, ((key, events), before))| {
             if let Some((_, next)) = groups.get(i + 1) {
                 touch_payloads(next);
             }
-            self.call_key(batch, key, events, before, None)?;
-        }
+            self.call_key(batch, key, events, before, None)
+        });
+        // Timed also when a call failed the batch: its stage times include the attempt.
         self.calls_done(calls);
+        called?;
         let Some(threshold) = self.timeout_threshold(batch.plan.watermark_ms, batch.plan.processing_time_ms) else {
             return Ok(());
         };
@@ -832,12 +837,12 @@ impl Pipeline {
         batch.changes.reserve(expired.len());
         let loaded = self.load(expired.iter().map(|(_, k)| k.as_str()))?;
         let calls = self.calls_started();
-        for ((deadline, key), before) in expired.iter().zip(loaded) {
+        let called = expired.iter().zip(loaded).try_for_each(|((deadline, key), before)| {
             batch.timeout_keys += 1;
-            self.call_key(batch, key, &[], before, Some(*deadline))?;
-        }
+            self.call_key(batch, key, &[], before, Some(*deadline))
+        });
         self.calls_done(calls);
-        Ok(())
+        called
     }
 
     /// A 0.2 plugin's batch (`keyed.rs`): its data calls, then its expired timers.

@@ -198,6 +198,17 @@ fn a_version_that_traps_on_its_first_batch_is_rolled_back() {
     assert!(status.last_refusal.unwrap_or_default().contains("rolled back"));
     assert!(h.outputs().iter().all(|v| v["v"] == 1), "no output of the failed version");
     assert_eq!(h.last_counts(), h.sent);
+    // The swap and its rollback, as the next batch's report (and so the swap metric)
+    // counts them.
+    assert_eq!(status.swaps.len(), 2, "{:?}", status.swaps);
+    h.feed(10, "");
+    let report = loop {
+        if let Some(report) = h.pipeline.next_batch().unwrap() {
+            break report;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    };
+    assert_eq!(report.plugin_swaps, 2);
 }
 
 #[test]

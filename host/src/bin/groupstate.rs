@@ -503,7 +503,6 @@ fn run_kafka(args: &RunArgs, config: PipelineConfig) -> Result<()> {
         count_stored: args.admin.is_some(),
         records: Default::default(),
         logged_ns: Default::default(),
-        plugin_status: Default::default(),
         clock: clock.clone(),
     });
     let summary = groupstate::partitions::run(config, clock.clone(), options, observer.clone(), plugins)?;
@@ -533,8 +532,6 @@ struct KafkaObserver {
     records: std::sync::atomic::AtomicU64,
     /// When each partition last logged its progress.
     logged_ns: std::sync::Mutex<std::collections::BTreeMap<i32, u64>>,
-    /// Each running partition's plugin status, for its swap count.
-    plugin_status: std::sync::Mutex<std::collections::BTreeMap<i32, Arc<std::sync::Mutex<groupstate::PluginStatus>>>>,
     clock: Arc<dyn Clock>,
 }
 
@@ -544,10 +541,6 @@ impl groupstate::partitions::Observer for KafkaObserver {
     }
 
     fn opened(&self, partition: i32, pipeline: &Pipeline) {
-        self.plugin_status
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(partition, pipeline.plugin_status());
         if !self.count_stored {
             return;
         }
@@ -558,14 +551,7 @@ impl groupstate::partitions::Observer for KafkaObserver {
     }
 
     fn batch(&self, partition: i32, b: &groupstate::BatchReport) {
-        let metrics = self.metrics.partition(partition as u32);
-        metrics.record_batch(b);
-        if let Some(status) =
-            self.plugin_status.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&partition)
-        {
-            let swaps = status.lock().unwrap_or_else(std::sync::PoisonError::into_inner).swaps.len();
-            metrics.set_plugin_swaps(swaps as u64);
-        }
+        self.metrics.partition(partition as u32).record_batch(b);
         self.records.fetch_add(b.records, std::sync::atomic::Ordering::Relaxed);
         if b.replayed {
             tracing::info!(target: PROGRESS_TARGET, batch = b.batch_id, "partition {partition}: batch {} replayed after a stop", b.batch_id);
@@ -615,7 +601,6 @@ fn run(args: RunArgs) -> Result<()> {
         let (keys, timers) = count_stored(pipeline.store())?;
         partition.set_stored(keys, timers);
     }
-    let plugin_status = pipeline.plugin_status();
     let target = pipeline.swap_target().map(|t| Arc::new(t) as Arc<dyn groupstate::SwapTarget>);
     let running_sha256 = groupstate::plugin::sha256_hex(&std::fs::read(&config.plugin)?);
     // Kept until the run ends: dropping it stops the watcher and the admin endpoint.
@@ -628,8 +613,6 @@ fn run(args: RunArgs) -> Result<()> {
     let mut late_warned = None;
     let summary = pipeline.run(&mut |b| {
         partition.record_batch(b);
-        let swaps = plugin_status.lock().unwrap_or_else(std::sync::PoisonError::into_inner).swaps.len();
-        partition.set_plugin_swaps(swaps as u64);
         records += b.records;
         late += b.late;
         if late_warned.is_none()
