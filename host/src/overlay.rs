@@ -108,6 +108,17 @@ impl Overlay {
         Self { arena: Vec::with_capacity(bytes), ..Self::default() }
     }
 
+    /// Empties it, keeping its memory (the arena's and the hash table's room).
+    pub fn clear(&mut self) {
+        let Self { arena, index, timers, live, hasher: _, composite, composite_bytes } = self;
+        arena.clear();
+        index.clear();
+        timers.clear();
+        *live = 0;
+        composite.clear();
+        *composite_bytes = 0;
+    }
+
     /// Applies one committed change.
     pub fn apply(&mut self, key: &str, after: Option<&KeyRecord>) {
         let at = self.arena.len();
@@ -300,6 +311,27 @@ mod tests {
         assert_eq!(overlay.get("d"), None);
         let keys: Vec<&str> = overlay.sorted().into_iter().map(|(k, _)| k).collect();
         assert_eq!(keys, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn a_cleared_overlay_is_empty_keeps_its_room_and_works_as_a_new_one() {
+        let mut overlay = Overlay::default();
+        for i in 0..1000 {
+            overlay.apply(&format!("k{i}"), Some(&rec(1, Some(i))));
+        }
+        overlay.apply("a\0b", Some(&rec(2, None)));
+        let room = overlay.arena.capacity();
+        overlay.clear();
+        overlay.check().unwrap();
+        assert_eq!(overlay.get("k1"), None);
+        assert!(overlay.sorted().is_empty());
+        assert_eq!(overlay.timers_below(None).count(), 0);
+        assert_eq!(overlay.range_from("a").count(), 0);
+        assert_eq!(overlay.arena.capacity(), room, "its memory is kept");
+        overlay.apply("k1", Some(&rec(3, Some(7))));
+        overlay.check().unwrap();
+        assert_eq!(decoded(&overlay, "k1"), Some(Some(rec(3, Some(7)))));
+        assert_eq!(overlay.timers_below(None).collect::<Vec<_>>(), [(7, "k1")]);
     }
 
     /// Many changes over few keys (so that the arena is compacted many times) against
