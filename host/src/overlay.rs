@@ -108,6 +108,11 @@ impl Overlay {
         Self { arena: Vec::with_capacity(bytes), ..Self::default() }
     }
 
+    /// The arena's room, in bytes.
+    pub fn arena_capacity(&self) -> usize {
+        self.arena.capacity()
+    }
+
     /// Empties it, keeping its memory (the arena's and the hash table's room).
     pub fn clear(&mut self) {
         let Self { arena, index, timers, live, hasher: _, composite, composite_bytes } = self;
@@ -320,14 +325,14 @@ mod tests {
             overlay.apply(&format!("k{i}"), Some(&rec(1, Some(i))));
         }
         overlay.apply("a\0b", Some(&rec(2, None)));
-        let room = overlay.arena.capacity();
+        let room = overlay.arena_capacity();
         overlay.clear();
         overlay.check().unwrap();
         assert_eq!(overlay.get("k1"), None);
         assert!(overlay.sorted().is_empty());
         assert_eq!(overlay.timers_below(None).count(), 0);
         assert_eq!(overlay.range_from("a").count(), 0);
-        assert_eq!(overlay.arena.capacity(), room, "its memory is kept");
+        assert_eq!(overlay.arena_capacity(), room, "its memory is kept");
         overlay.apply("k1", Some(&rec(3, Some(7))));
         overlay.check().unwrap();
         assert_eq!(decoded(&overlay, "k1"), Some(Some(rec(3, Some(7)))));

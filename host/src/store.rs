@@ -817,15 +817,22 @@ impl Store {
     /// faulted in page by page (together a third of the time of applying a commit at a
     /// million keys); the two overlays a background fold needs are held either way.
     fn fresh_overlay(&mut self) -> Arc<Overlay> {
-        let overlay = self.spare.take().unwrap_or_else(|| {
-            Overlay::with_arena_capacity(usize::try_from(self.buffer_bytes.min(OVERLAY_RESERVED_MAX)).unwrap_or(0))
-        });
+        let overlay = self.spare.take().unwrap_or_else(|| Overlay::with_arena_capacity(self.overlay_room()));
         Arc::new(overlay)
     }
 
-    /// Keeps a folded overlay's memory for the next one, unless a reader still holds it.
+    /// The arena a new overlay reserves: the buffer, up to [`OVERLAY_RESERVED_MAX`].
+    fn overlay_room(&self) -> usize {
+        usize::try_from(self.buffer_bytes.min(OVERLAY_RESERVED_MAX)).unwrap_or(0)
+    }
+
+    /// Keeps a folded overlay's memory for the next one, unless a reader still holds it
+    /// or its arena grew past twice the room a new one reserves (an overlay replayed
+    /// from a long redo log at open), which would hold that much for the whole run.
     fn recycle(&mut self, folded: Arc<Overlay>) {
-        if let Ok(mut overlay) = Arc::try_unwrap(folded) {
+        if let Ok(mut overlay) = Arc::try_unwrap(folded)
+            && overlay.arena_capacity() <= 2 * self.overlay_room()
+        {
             overlay.clear();
             self.spare = Some(overlay);
         }
