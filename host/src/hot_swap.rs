@@ -196,8 +196,6 @@ pub(crate) struct SwapController {
     /// The migration check of the next candidate, under way on its own thread.
     check: Option<SwapCheck<Candidate>>,
     status: Arc<Mutex<PluginStatus>>,
-    /// Swaps so far, rollbacks included (`status.swaps`'s length, without its lock).
-    swaps: u64,
 }
 
 impl SwapController {
@@ -206,16 +204,7 @@ impl SwapController {
         let label = label_of(plugin.info());
         let (sender, queue) = mpsc::sync_channel(CANDIDATES_MAX);
         let status = PluginStatus { running: label.clone(), since_batch, ..PluginStatus::default() };
-        Self {
-            plugin,
-            label,
-            queue,
-            sender,
-            probation: None,
-            check: None,
-            status: Arc::new(Mutex::new(status)),
-            swaps: 0,
-        }
+        Self { plugin, label, queue, sender, probation: None, check: None, status: Arc::new(Mutex::new(status)) }
     }
 
     /// The running plugin, for a call.
@@ -250,7 +239,7 @@ impl SwapController {
 
     /// The swaps so far, rollbacks included (as `GET /plugin` lists them).
     pub fn swaps(&self) -> u64 {
-        self.swaps
+        lock_status(&self.status).swaps.len() as u64
     }
 
     /// Whether the running plugin was swapped in and has not committed a batch yet.
@@ -335,7 +324,6 @@ impl SwapController {
         );
         let previous = std::mem::replace(&mut self.plugin, candidate.plugin);
         let previous_label = std::mem::replace(&mut self.label, label.clone());
-        self.swaps += 1;
         self.update_status(|s| {
             s.swaps.push((batch_id, previous_label.clone(), label.clone()));
             s.running = label;
@@ -366,7 +354,6 @@ impl SwapController {
         tracing::warn!(batch = batch_id, "{message}; the batch runs again with it");
         self.plugin = previous;
         self.label = previous_label.clone();
-        self.swaps += 1;
         self.update_status(|s| {
             s.swaps.push((batch_id, failed.to_owned(), previous_label.clone()));
             s.running = previous_label;

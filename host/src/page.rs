@@ -246,16 +246,22 @@ impl<'a> View<'a> {
     /// The key of entry `i`, its UTF-8 unchecked: what a lookup compares (UTF-8 orders
     /// as its bytes), without the record's length and bounds.
     fn raw_key(&self, i: usize) -> Result<&'a [u8], DecodeError> {
+        Ok(self.key_at(i)?.1)
+    }
+
+    /// Where entry `i` starts, and its key.
+    fn key_at(&self, i: usize) -> Result<(usize, &'a [u8]), DecodeError> {
         let at = read_u32(self.bytes, 4 + 4 * i)? as usize;
         let key_len = self.bytes.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize);
         let key_len = key_len.ok_or_else(|| DecodeError::invalid("page", "entry past the end"))?;
-        self.bytes.get(at + 2..at + 2 + key_len).ok_or_else(|| DecodeError::invalid("page", "key past the end"))
+        let key =
+            self.bytes.get(at + 2..at + 2 + key_len).ok_or_else(|| DecodeError::invalid("page", "key past the end"))?;
+        Ok((at, key))
     }
 
     /// [`View::entry`] with the key's UTF-8 unchecked.
     fn raw_entry(&self, i: usize) -> Result<(&'a [u8], &'a [u8]), DecodeError> {
-        let key = self.raw_key(i)?;
-        let at = read_u32(self.bytes, 4 + 4 * i)? as usize;
+        let (at, key) = self.key_at(i)?;
         let record_len = read_u32(self.bytes, at + 2 + key.len())? as usize;
         let start = at + 6 + key.len();
         let record = self
