@@ -169,16 +169,4 @@ impl state::HostGroupState for HostState {
 impl state::Host for HostState {}
 impl types::Host for HostState {}
 
-impl log::Host for HostState {
-    fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
-        let level = match level {
-            log::Level::Trace => "trace",
-            log::Level::Debug => "debug",
-            log::Level::Info => "info",
-            log::Level::Warn => "warn",
-            log::Level::Error => "error",
-        };
-        self.log.message(level, &message);
-        Ok(())
-    }
-}
+super::log_host!(log);

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::component::{Component, ComponentType, Instance, Linker, Lower, Resource, ResourceTable, TypedFunc};
 use wasmtime::{Config, Engine, Store};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
@@ -38,7 +38,51 @@ mod bindings {
     });
 }
 
-pub use bindings::Event;
+/// One event of a key's group, in arrival order: the host's own type, lowered into a
+/// plugin as the WIT record `event` (the same in both worlds) straight from the
+/// batch's groups, through each world's typed `process` export ([`Process`]).
+#[derive(Debug, Clone, PartialEq, Eq, ComponentType, Lower)]
+#[component(record)]
+pub struct Event {
+    /// The event time in epoch milliseconds, read from the pipeline's time field;
+    /// `None` when the pipeline has no time field.
+    #[component(name = "event-time-ms")]
+    pub event_time_ms: Option<i64>,
+    /// The event as it arrived: the text of one JSON object (one input line).
+    pub payload: String,
+}
+
+/// A world's `process` export, `(key, events, state handle) -> result<outputs,
+/// message>`, typed with [`Event`] rather than a generated type. The `'static`s are
+/// only nominal: wasmtime's `TypedFunc` is covariant in its parameters (a call copies
+/// them into the guest), so it takes a call's shorter-lived key and events.
+type Process<H> = TypedFunc<(&'static str, &'static [Event], Resource<H>), (Result<Vec<String>, String>,)>;
+
+/// The typed `process` export of `instance` (wasmtime checks its type here, once).
+fn process_export<H: 'static>(store: &mut Store<HostState>, instance: &Instance) -> wasmtime::Result<Process<H>> {
+    instance.get_typed_func(store, "process")
+}
+
+/// `log` is the same interface in both worlds, each with its own generated `Level`.
+macro_rules! log_host {
+    ($log:ident) => {
+        impl $log::Host for HostState {
+            fn log(&mut self, level: $log::Level, message: String) -> wasmtime::Result<()> {
+                let level = match level {
+                    $log::Level::Trace => "trace",
+                    $log::Level::Debug => "debug",
+                    $log::Level::Info => "info",
+                    $log::Level::Warn => "warn",
+                    $log::Level::Error => "error",
+                };
+                self.log.message(level, &message);
+                Ok(())
+            }
+        }
+    };
+}
+use log_host;
+
 use bindings::groupstate::plugin::types::TimeoutKind as WitTimeoutKind;
 use bindings::{StateFunction, StateFunctionPre};
 
@@ -523,10 +567,10 @@ enum Pre {
     V2(v2::bindings::KeyedStateFunctionPre<HostState>),
 }
 
-/// An instance's exports, per the world it targets.
+/// An instance's exports, per the world it targets, with its typed `process`.
 enum Bindings {
-    V1(StateFunction),
-    V2(v2::bindings::KeyedStateFunction),
+    V1(StateFunction, Process<GroupStateHandle>),
+    V2(v2::bindings::KeyedStateFunction, Process<v2::KeyStateHandle>),
 }
 
 /// A live instance: its store, bindings and virtual environment.
@@ -676,7 +720,14 @@ impl Recipe {
         let info_trapped = |e: &wasmtime::Error| StartError::Instantiate(format!("info() trapped: {}", trap(e)));
         match &self.pre {
             Pre::V1(pre) => {
-                let bindings = pre.instantiate(&mut store).map_err(|e| StartError::Instantiate(trap(&e)))?;
+                let instantiate = |store: &mut Store<HostState>| {
+                    let instance = pre.instance_pre().instantiate(&mut *store)?;
+                    Ok::<_, wasmtime::Error>((
+                        StateFunction::new(&mut *store, &instance)?,
+                        process_export(store, &instance)?,
+                    ))
+                };
+                let (bindings, process) = instantiate(&mut store).map_err(|e| StartError::Instantiate(trap(&e)))?;
                 self.set_deadline(&mut store);
                 let info = bindings.call_info(&mut store).map_err(|e| info_trapped(&e))?.into();
                 self.set_deadline(&mut store);
@@ -684,10 +735,15 @@ impl Recipe {
                     .call_init(&mut store, &self.params)
                     .map_err(|e| init_trapped(&e))?
                     .map_err(|message| StartError::Init(clip_message(&message)))?;
-                Ok(Live { store, bindings: Bindings::V1(bindings), variables: Vec::new(), env, info })
+                Ok(Live { store, bindings: Bindings::V1(bindings, process), variables: Vec::new(), env, info })
             }
             Pre::V2(pre) => {
-                let bindings = pre.instantiate(&mut store).map_err(|e| StartError::Instantiate(trap(&e)))?;
+                let instantiate = |store: &mut Store<HostState>| {
+                    let instance = pre.instance_pre().instantiate(&mut *store)?;
+                    let bindings = v2::bindings::KeyedStateFunction::new(&mut *store, &instance)?;
+                    Ok::<_, wasmtime::Error>((bindings, process_export(store, &instance)?))
+                };
+                let (bindings, process) = instantiate(&mut store).map_err(|e| StartError::Instantiate(trap(&e)))?;
                 self.set_deadline(&mut store);
                 let info = bindings.call_info(&mut store).map_err(|e| info_trapped(&e))?;
                 let info = PluginInfo {
@@ -704,7 +760,7 @@ impl Recipe {
                     .map(Into::into)
                     .collect();
                 crate::keyed::check_variables(&variables).map_err(|m| StartError::Init(clip_message(&m)))?;
-                Ok(Live { store, bindings: Bindings::V2(bindings), variables, env, info })
+                Ok(Live { store, bindings: Bindings::V2(bindings, process), variables, env, info })
             }
         }
     }
@@ -750,6 +806,11 @@ impl Plugin {
         &self.sha256
     }
 
+    /// The parameters its instances are initialised with.
+    pub fn params(&self) -> &[(String, String)] {
+        &self.recipe.params
+    }
+
     /// The component's size in bytes.
     pub fn size_bytes(&self) -> usize {
         self.size_bytes
@@ -778,7 +839,7 @@ impl Plugin {
     pub fn call(&mut self, kind: TimeoutKind, req: &CallRequest<'_>) -> Result<CallOutcome, CallError> {
         let (ticks, state_bytes_max) = (self.deadline_ticks(), self.recipe.limits.state_bytes_max);
         let live = self.live()?;
-        let Bindings::V1(bindings) = &live.bindings else {
+        let Bindings::V1(_, process) = live.bindings else {
             return Err(CallError::BadResult("the plugin targets groupstate:plugin@0.2.0, not 0.1.0".into()));
         };
         live.env.prepare_call(req.processing_time_ms, req.batch_id, req.key);
@@ -792,29 +853,41 @@ impl Plugin {
                 self.recipe.limits.instance_resources_max
             )));
         };
-        let borrowed = wasmtime::component::Resource::<GroupStateHandle>::new_borrow(resource.rep());
+        let borrowed = Resource::<GroupStateHandle>::new_borrow(resource.rep());
         set_deadline(&mut live.store, ticks);
-        let result = bindings.call_process(&mut live.store, req.key, req.events, borrowed);
+        let result = process.call(&mut live.store, (req.key, req.events, borrowed)).map(|(result,)| result);
         let handle = live.store.data_mut().table.delete(resource);
         let log = live.store.data().log.clone();
-        let outcome = match (result, handle) {
-            (Ok(Ok(outputs)), Ok(handle)) => check_outputs(outputs, &self.recipe.limits).map(|outputs| {
-                let (value, timeout_ms) = handle.into_staged();
-                CallOutcome { value, timeout_ms, outputs }
-            }),
+        let outcome = self.settle(result, handle, &log).map(|(outputs, handle)| {
+            let (value, timeout_ms) = handle.into_staged();
+            CallOutcome { value, timeout_ms, outputs }
+        });
+        log.flush(Activity::Key(req.key));
+        outcome
+    }
+
+    /// What a call of `process` (or of a 0.2 handler) came to, given the call's result
+    /// and its state handle taken back from the table: the checked outputs and the
+    /// handle, or why not. After a trap, or a handle the call lost, the instance is
+    /// dropped (a trapped store is poisoned) and made anew for the next call.
+    fn settle<H>(
+        &mut self,
+        result: wasmtime::Result<Result<Vec<String>, String>>,
+        handle: Result<H, wasmtime::component::ResourceTableError>,
+        log: &PluginLog,
+    ) -> Result<(Vec<String>, H), CallError> {
+        match (result, handle) {
+            (Ok(Ok(outputs)), Ok(handle)) => Ok((check_outputs(outputs, &self.recipe.limits)?, handle)),
             (Ok(Err(message)), _) => Err(CallError::Returned(clip_message(&message))),
             (Err(e), _) => {
-                // After a trap the store is poisoned: drop it, re-make it next call.
                 self.live = None;
-                Err(CallError::Trap(trap_message(&e, &self.recipe.limits, &log)))
+                Err(CallError::Trap(trap_message(&e, &self.recipe.limits, log)))
             }
             (Ok(Ok(_)), Err(e)) => {
                 self.live = None;
                 Err(CallError::Trap(format!("state handle lost: {e}")))
             }
-        };
-        log.flush(Activity::Key(req.key));
-        outcome
+        }
     }
 
     /// The live instance, made anew if the last call trapped.
@@ -834,7 +907,7 @@ impl Plugin {
     pub fn migrate(&mut self, from_version: u32, value: &[u8]) -> Result<Vec<u8>, CallError> {
         let ticks = self.deadline_ticks();
         let live = self.live()?;
-        let Bindings::V1(bindings) = &live.bindings else {
+        let Bindings::V1(bindings, _) = &live.bindings else {
             return Err(CallError::Returned(
                 "a groupstate:plugin@0.2.0 plugin converts its entries per variable (migrate-state with the variable's name), not whole values".into(),
             ));

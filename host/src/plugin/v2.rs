@@ -8,8 +8,8 @@ use wasmtime::component::Resource;
 use std::sync::Arc;
 
 use super::{
-    Activity, Bindings, CallError, HostState, Live, Plugin, PluginInfo, Recipe, check_outputs, clip_message,
-    set_deadline, trap_message,
+    Activity, Bindings, CallError, HostState, Live, Plugin, PluginInfo, Recipe, clip_message, set_deadline,
+    trap_message,
 };
 use crate::config::TimeoutKind;
 use crate::keyed::{
@@ -187,19 +187,7 @@ impl state::HostKeyState for HostState {
 impl state::Host for HostState {}
 impl types::Host for HostState {}
 
-impl log::Host for HostState {
-    fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
-        let level = match level {
-            log::Level::Trace => "trace",
-            log::Level::Debug => "debug",
-            log::Level::Info => "info",
-            log::Level::Warn => "warn",
-            log::Level::Error => "error",
-        };
-        self.log.message(level, &message);
-        Ok(())
-    }
-}
+super::log_host!(log);
 
 /// Which export a 0.2 call makes.
 enum Export<'a> {
@@ -216,7 +204,7 @@ impl Plugin {
             Ok(live) => live,
             Err(e) => return (Err(e), call),
         };
-        let Bindings::V2(bindings) = &live.bindings else {
+        let Bindings::V2(bindings, process) = &live.bindings else {
             let why = "the plugin targets groupstate:plugin@0.1.0, not 0.2.0".to_owned();
             return (Err(CallError::BadResult(why)), call);
         };
@@ -238,14 +226,7 @@ impl Plugin {
         let borrowed = Resource::<KeyStateHandle>::new_borrow(resource.rep());
         set_deadline(&mut live.store, ticks);
         let result = match export {
-            Export::Process(events) => {
-                // The 0.2 world's `event` is its own generated type, of the same shape.
-                let events: Vec<types::Event> = events
-                    .iter()
-                    .map(|e| types::Event { event_time_ms: e.event_time_ms, payload: e.payload.clone() })
-                    .collect();
-                bindings.call_process(&mut live.store, &key, &events, borrowed)
-            }
+            Export::Process(events) => process.call(&mut live.store, (&key, events, borrowed)).map(|(result,)| result),
             Export::Timer(timer) => {
                 let timer = types::Timer { expiry_ms: timer.expiry_ms, name: timer.name.clone() };
                 bindings.call_handle_expired_timer(&mut live.store, &key, &timer, borrowed)
@@ -257,18 +238,7 @@ impl Plugin {
         let deleted = live.store.data_mut().table.delete(resource);
         let call = live.store.data_mut().keyed.take().expect("the call stays in the store while it runs");
         let log = live.store.data().log.clone();
-        let outcome = match (result, deleted) {
-            (Ok(Ok(outputs)), Ok(_)) => check_outputs(outputs, &self.recipe.limits),
-            (Ok(Err(message)), _) => Err(CallError::Returned(clip_message(&message))),
-            (Err(e), _) => {
-                self.live = None;
-                Err(CallError::Trap(trap_message(&e, &self.recipe.limits, &log)))
-            }
-            (Ok(Ok(_)), Err(e)) => {
-                self.live = None;
-                Err(CallError::Trap(format!("state handle lost: {e}")))
-            }
-        };
+        let outcome = self.settle(result, deleted, &log).map(|(outputs, _)| outputs);
         log.flush(Activity::Key(&key));
         (outcome, call)
     }
@@ -281,7 +251,7 @@ impl Plugin {
     pub fn render_state(&mut self, variable: &str, part: StatePart, bytes: &[u8]) -> Option<String> {
         let ticks = self.deadline_ticks();
         let live = self.live().ok()?;
-        let Bindings::V2(bindings) = &live.bindings else {
+        let Bindings::V2(bindings, _) = &live.bindings else {
             return None;
         };
         set_deadline(&mut live.store, ticks);
@@ -342,7 +312,7 @@ fn migrate_state(
     from_version: u32,
     bytes: &[u8],
 ) -> (Result<Vec<u8>, CallError>, bool) {
-    let Bindings::V2(bindings) = &live.bindings else {
+    let Bindings::V2(bindings, _) = &live.bindings else {
         return (Err(CallError::BadResult("the plugin targets groupstate:plugin@0.1.0, not 0.2.0".into())), false);
     };
     let log = live.store.data().log.clone();
