@@ -37,6 +37,11 @@ pub trait StateFunction: Send {
     fn keyed(&mut self) -> Option<(&mut dyn KeyedFunction, Arc<Vec<Variable>>)> {
         None
     }
+    /// What makes two loaded plugins the same version: the component's sha256 and the
+    /// parameters it was initialised with (`None` for a native function).
+    fn build(&self) -> Option<(&str, &[(String, String)])> {
+        None
+    }
 }
 
 impl StateFunction for Plugin {
@@ -67,6 +72,9 @@ impl StateFunction for Plugin {
         }
         let variables = self.variables();
         Some((self, variables))
+    }
+    fn build(&self) -> Option<(&str, &[(String, String)])> {
+        Some((self.sha256(), self.params()))
     }
 }
 

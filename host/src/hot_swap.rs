@@ -275,6 +275,15 @@ impl SwapController {
             return;
         };
         let label = label_of(candidate.plugin.info());
+        // The version that runs, offered again (a retry after `OfferError::Busy` queues
+        // it again where it was still under its check): nothing to swap.
+        if candidate.plugin.build().is_some() && candidate.plugin.build() == self.plugin.build() {
+            tracing::info!(
+                "plugin {label} from {}: runs already (the same component and parameters)",
+                candidate.origin
+            );
+            return;
+        }
         let sample = match candidate.plugin.keyed() {
             Some((_, variables)) => keyed_migration_sample(store, &variables),
             None => migration_sample(store, candidate.plugin.info().state_schema_version),

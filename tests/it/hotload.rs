@@ -314,6 +314,32 @@ fn time_next_batch(h: &mut Harness, clock: &SystemClock) -> u64 {
 }
 
 #[test]
+fn the_running_version_offered_again_is_not_swapped_in_over_itself() {
+    let mut h = Harness::new(plugins::COUNTER_V1);
+    h.feed(200, "");
+    h.drain();
+    let slow = [("migrate_spin", MIGRATE_SPIN)];
+    h.offer_with(plugins::COUNTER_V2, &slow);
+    // The check starts at the next boundary, on a thread of its own.
+    h.pipeline.next_batch().unwrap();
+    assert!(h.status().checking.is_some(), "{:?}", h.status());
+    // Offered again meanwhile, as a retry after `OfferError::Busy` does where the
+    // version was still under its check.
+    h.offer_with(plugins::COUNTER_V2, &slow);
+    h.settle();
+    let status = h.status();
+    assert!(status.running.contains("counter 2.0.0"), "{status:?}");
+    assert_eq!(status.swaps.len(), 1, "swapped in once, not again over itself: {status:?}");
+    // The same component with other parameters is another version: it is swapped in.
+    h.offer_with(plugins::COUNTER_V2, &[("migrate_spin", "1")]);
+    h.settle();
+    assert_eq!(h.status().swaps.len(), 2, "{:?}", h.status());
+    h.feed(40, "");
+    h.drain();
+    assert_eq!(h.last_counts(), h.sent);
+}
+
+#[test]
 fn a_slow_migration_is_checked_while_the_batches_go_on() {
     let clock = SystemClock;
     let mut h = Harness::with_clock(plugins::COUNTER_V1, Arc::new(clock), |_| {});
