@@ -37,7 +37,7 @@ use groupstate::plugin::{CallError, CallOutcome, CallRequest, PluginInfo, Staged
 use groupstate::store::{Checkpoint, KeyChange, KeyRecord, Store};
 use groupstate::workload::{SensorSpec, generate_sensor};
 use groupstate::{Clock, Pipeline, StateFunction, SystemClock};
-use groupstate_tests::sensor_config;
+use groupstate_tests::{plugins, sensor_config};
 use serde::Deserialize;
 
 /// The same allocator as the `groupstate` binary.
@@ -265,9 +265,15 @@ fn one(config: &str, input: &Path, batch_events: usize) {
     let started = clock.monotonic_ns();
     let (events, stages) = match config {
         "floor" => (floor(input), groupstate::StageTimes::default()),
-        "native" | "wasm" => {
+        "native" | "wasm" | "wasm-v2" => {
             let dir = tempfile::tempdir().expect("tempdir");
             let mut pc = sensor_config(input, dir.path());
+            if config == "wasm-v2" {
+                // The 0.2 state API over the same keys: a value and a timer per sensor
+                // (inactivity-alert-v2, whose timers are in processing time).
+                pc.plugin = PathBuf::from(plugins::INACTIVITY_ALERT_V2);
+                pc.timeout = TimeoutKind::ProcessingTime;
+            }
             if batch_events > 0 {
                 pc.batch_events_max = batch_events;
             }
@@ -279,7 +285,7 @@ fn one(config: &str, input: &Path, batch_events: usize) {
             pc.limits.store_cache_bytes = env_bytes("BENCH_STORE_CACHE").unwrap_or(pc.limits.store_cache_bytes);
             pc.batch_keys_max = env_bytes("BENCH_BATCH_KEYS").map_or(pc.batch_keys_max, |n| n as usize);
             let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-            let mut pipeline = if config == "wasm" {
+            let mut pipeline = if config != "native" {
                 Pipeline::open(pc, clock)
             } else {
                 Pipeline::open_with_function(pc, clock, Box::new(NativeSensor::default()))

@@ -407,8 +407,10 @@ impl KeyCall {
     fn finish(mut self, ok: bool) -> BatchView {
         if ok {
             // A converted entry the call later wrote or removed keeps what it staged.
-            self.migrated.append(&mut self.staged);
-            self.view.applied.append(&mut self.migrated);
+            // Inserted one by one: `BTreeMap::append` rebuilds the whole map, which
+            // made a batch's calls cost the square of its keys.
+            self.migrated.extend(std::mem::take(&mut self.staged));
+            self.view.applied.extend(std::mem::take(&mut self.migrated));
         } else {
             for key in self.forced {
                 if let Some(after) = self.staged.remove(&key) {
@@ -976,8 +978,8 @@ pub fn run_initial_state(
 pub struct Called {
     /// The key.
     pub key: String,
-    /// A timer call (else a data call).
-    pub timer: bool,
+    /// A data call's group: its index in the batch's groups (`None` for a timer call).
+    pub group: Option<usize>,
     /// The outputs, or the failure.
     pub result: Result<Vec<String>, CallError>,
 }
@@ -1009,9 +1011,12 @@ pub fn run_batch(
     stop_on_failure: bool,
 ) -> Result<KeyedBatch, StoreError> {
     let mut out = KeyedBatch::default();
-    let mut view = BatchView { reader: store.reader(), applied: BTreeMap::new() };
+    let mut reader = store.reader();
+    let prefixes: Vec<String> = groups.iter().map(|(key, _)| sk::group_prefix(key)).collect();
+    reader.read_ahead(prefixes.iter().map(String::as_str))?;
+    let mut view = BatchView { reader, applied: BTreeMap::new() };
     out.expired = remove_expired(&mut view, ctx, ctx.expirations_max)?;
-    for (key, events) in groups {
+    for (group, (key, events)) in groups.iter().enumerate() {
         let event_time = events.iter().filter_map(|e| e.event_time_ms).fold(ctx.watermark_ms, i64::max);
         let call = KeyCall::new(key, ctx.clone(), view, variables.clone(), event_time);
         let (result, call) = function.process(call, events);
@@ -1020,7 +1025,7 @@ pub fn run_batch(
         }
         let failed = result.is_err();
         view = call.finish(!failed);
-        out.calls.push(Called { key: key.clone(), timer: false, result });
+        out.calls.push(Called { key: key.clone(), group: Some(group), result });
         if failed && stop_on_failure {
             return Ok(out);
         }
@@ -1058,7 +1063,7 @@ pub fn run_batch(
             }
             let failed = result.is_err();
             view = call.finish(!failed);
-            out.calls.push(Called { key, timer: true, result });
+            out.calls.push(Called { key, group: None, result });
             if failed && stop_on_failure {
                 return Ok(out);
             }

@@ -48,16 +48,26 @@ impl Page {
     /// offset table, decoding that record only: the read path of a key not in memory.
     pub fn lookup(bytes: &[u8], key: &str) -> Result<Option<KeyRecord>, DecodeError> {
         let view = View::new(bytes)?;
-        let (mut low, mut high) = (0, view.count);
-        while low < high {
-            let mid = (low + high) / 2;
-            match view.raw_key(mid)?.cmp(key.as_bytes()) {
-                std::cmp::Ordering::Less => low = mid + 1,
-                std::cmp::Ordering::Greater => high = mid,
-                std::cmp::Ordering::Equal => return Ok(Some(codec::decode("page record", view.raw_entry(mid)?.1)?)),
-            }
+        let i = view.first_at_or_above(key.as_bytes())?;
+        if i == view.count || view.raw_key(i)? != key.as_bytes() {
+            return Ok(None);
         }
-        Ok(None)
+        Ok(Some(codec::decode("page record", view.raw_entry(i)?.1)?))
+    }
+
+    /// The entries of an encoded page from the first key at or above `start` on, in key
+    /// order, each record decoded as it is reached: a scan of a few keys of a page
+    /// decodes those only.
+    pub fn entries_from<'a>(
+        bytes: &'a [u8],
+        start: &str,
+    ) -> Result<impl Iterator<Item = Result<(&'a str, KeyRecord), DecodeError>> + 'a, DecodeError> {
+        let view = View::new(bytes)?;
+        let first = view.first_at_or_above(start.as_bytes())?;
+        Ok((first..view.count).map(move |i| {
+            let (key, record) = view.entry(i)?;
+            Ok((key, codec::decode("page record", record)?))
+        }))
     }
 
     /// The page's encoding: the count of records (u32), the offset of each record's
@@ -236,6 +246,21 @@ impl<'a> View<'a> {
         Ok(Self { bytes, count })
     }
 
+    /// The index of the first entry whose key is at or above `key` (`count` if none),
+    /// by binary search over the offset table.
+    fn first_at_or_above(&self, key: &[u8]) -> Result<usize, DecodeError> {
+        let (mut low, mut high) = (0, self.count);
+        while low < high {
+            let mid = (low + high) / 2;
+            if self.raw_key(mid)? < key {
+                low = mid + 1;
+            } else {
+                high = mid;
+            }
+        }
+        Ok(low)
+    }
+
     /// The key and the encoded record of entry `i`.
     fn entry(&self, i: usize) -> Result<(&'a str, &'a [u8]), DecodeError> {
         let (key, record) = self.raw_entry(i)?;
@@ -334,6 +359,23 @@ mod tests {
             assert_eq!(Page::lookup(&bytes, missing).unwrap(), None, "{missing}");
         }
         assert_eq!(Page::lookup(&Page::default().encode(), "k").unwrap(), None);
+    }
+
+    #[test]
+    fn entries_from_starts_at_the_first_key_at_or_above() {
+        let mut page = Page::default();
+        for i in (0..50).step_by(2) {
+            page.set(&format!("k{i:03}"), Some(rec(Some(i))));
+        }
+        let bytes = page.encode();
+        let from = |start: &str| -> Vec<(String, KeyRecord)> {
+            Page::entries_from(&bytes, start).unwrap().map(|e| e.map(|(k, r)| (k.to_owned(), r)).unwrap()).collect()
+        };
+        for start in ["", "a", "k", "k000", "k001", "k024", "k025", "k048", "k049", "z"] {
+            let want: Vec<(String, KeyRecord)> =
+                page.entries().iter().filter(|(k, _)| k.as_str() >= start).cloned().collect();
+            assert_eq!(from(start), want, "{start}");
+        }
     }
 
     #[test]

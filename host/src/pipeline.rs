@@ -862,13 +862,11 @@ impl Pipeline {
             crate::keyed::run_batch(function, &self.store, variables, &ctx, &prepared.groups, threshold, limit, fail)?;
         self.stages.plugin_ns += self.since(started);
         for called in done.calls {
-            let (key, events): (&str, &[Event]) = if called.timer {
-                (&called.key, &[])
-            } else {
-                let events = prepared.groups.iter().find(|(k, _)| *k == called.key).map(|(_, e)| e.as_slice());
-                (&called.key, events.unwrap_or_default())
+            let (key, events): (&str, &[Event]) = match called.group {
+                None => (&called.key, &[]),
+                Some(i) => (&called.key, prepared.groups.get(i).map_or(&[][..], |(_, events)| events.as_slice())),
             };
-            if called.timer {
+            if called.group.is_none() {
                 batch.timeout_keys += 1;
                 batch.counters.timeout_calls += 1;
             } else {

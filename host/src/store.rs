@@ -239,6 +239,9 @@ pub struct StoreReader {
     pages: Arc<Mutex<()>>,
     overlay: Arc<Overlay>,
     folding: Option<Arc<Overlay>>,
+    /// What sled holds under the prefixes read ahead (see [`StoreReader::read_ahead`]):
+    /// by prefix, all its keys and records, in key order.
+    ahead: std::collections::HashMap<String, Vec<(String, KeyRecord)>, foldhash::fast::RandomState>,
 }
 
 impl std::fmt::Debug for StoreReader {
@@ -248,11 +251,74 @@ impl std::fmt::Debug for StoreReader {
 }
 
 impl StoreReader {
+    /// Reads ahead, in one pass over the pages in key order, what sled holds under
+    /// each of `prefixes` (each ends with its only `\0`, as a 0.2 group key's entries
+    /// do): later reads of those keys find it here instead of searching sled for each.
+    /// A batch's 0.2 calls read each of their group keys a few times, at random places
+    /// of the store, and a new sled search copied a whole leaf each time (most of a
+    /// call at a million keys). A prefix over more than [`READ_AHEAD_PAGES_MAX`] pages
+    /// (a large list or map, of which a call reads little), and the prefixes after
+    /// [`READ_AHEAD_BYTES_MAX`] are read, are left to sled.
+    ///
+    /// The records are what sled held when they were read. A fold applying chunks
+    /// meanwhile changes in sled only the records of the keys of the overlay it
+    /// folds, which this reader answers from that overlay first; its splits and
+    /// removals of pages change no record.
+    pub fn read_ahead<'p>(&mut self, prefixes: impl Iterator<Item = &'p str>) -> Result<()> {
+        let prefixes: Vec<&str> = prefixes.filter(|p| p.ends_with('\0')).collect();
+        let order: Vec<usize> = (0..prefixes.len()).collect();
+        let order = crate::key_order::sorted_by_key(&order, |&i| prefixes[i].as_bytes());
+        self.ahead.reserve(order.len());
+        let mut cursor = PageCursor::new(&self.tree);
+        let mut bytes = 0;
+        for i in order {
+            if bytes > READ_AHEAD_BYTES_MAX {
+                break;
+            }
+            let prefix = prefixes[i];
+            let mut entries = Vec::new();
+            let (mut from, mut pages) = (prefix.to_owned(), 0);
+            let whole = loop {
+                let Some((raw, page)) = cursor.page_of(&from)? else { break true };
+                for entry in Page::entries_from(page, &from)? {
+                    let (key, record) = entry?;
+                    if !key.starts_with(prefix) {
+                        break;
+                    }
+                    bytes += key.len() + record.value.as_ref().map_or(0, Vec::len) + 64;
+                    entries.push((key.to_owned(), record));
+                }
+                pages += 1;
+                // The page holds the keys below its fence: is the prefix's range past it?
+                match std::str::from_utf8(&raw[1..]) {
+                    Ok(fence) if fence.starts_with(prefix) && pages < READ_AHEAD_PAGES_MAX => from = fence.to_owned(),
+                    Ok(fence) if fence.starts_with(prefix) => break false,
+                    // A fence above the prefix's keys (the last page's is not UTF-8).
+                    _ => break true,
+                }
+            };
+            if whole {
+                self.ahead.insert(prefix.to_owned(), entries);
+            }
+        }
+        Ok(())
+    }
+
+    /// What was read ahead for the prefix `key` starts with, if it was.
+    fn read_ahead_for(&self, key: &str) -> Option<&[(String, KeyRecord)]> {
+        let prefix = &key[..=key.find('\0')?];
+        self.ahead.get(prefix).map(Vec::as_slice)
+    }
+
     /// The committed record of `key`.
     pub fn get(&self, key: &str) -> Result<Option<KeyRecord>> {
         let buffered = self.overlay.get(key).or_else(|| self.folding.as_ref()?.get(key));
         if let Some(record) = buffered {
             return Ok(record.map(|bytes| codec::decode("overlay record", bytes)).transpose()?);
+        }
+        if let Some(entries) = self.read_ahead_for(key) {
+            let found = entries.binary_search_by(|(k, _)| k.as_str().cmp(key));
+            return Ok(found.ok().map(|i| entries[i].1.clone()));
         }
         match PageCursor::new(&self.tree).page_of(key)? {
             Some((_, bytes)) => Ok(Page::lookup(bytes, key)?),
@@ -266,19 +332,26 @@ impl StoreReader {
     /// `prefix` on (`prefix` must hold a `\0`, as the keys of 0.2 state do).
     pub fn scan_prefix(&self, prefix: &str, limit: usize) -> Result<Vec<(String, KeyRecord)>> {
         debug_assert!(prefix.contains('\0'), "a prefix scan of keys the overlay does not order");
-        self.scan(prefix, |k| k.starts_with(prefix), limit)
+        self.scan(prefix, |k| k.starts_with(prefix), limit, self.read_ahead_for(prefix))
     }
 
     /// The committed records of the keys in `[start, end)`, in key order: at most
     /// `limit + 1`, as [`StoreReader::scan_prefix`] (every key in the range must hold a
     /// `\0`, as the expiry index's do).
     pub fn scan_range(&self, start: &str, end: &str, limit: usize) -> Result<Vec<(String, KeyRecord)>> {
-        self.scan(start, |k| k < end, limit)
+        self.scan(start, |k| k < end, limit, None)
     }
 
     /// The keys from `start` on while `within` holds (it holds for a prefix of the
-    /// keys from `start`).
-    fn scan(&self, start: &str, within: impl Fn(&str) -> bool, limit: usize) -> Result<Vec<(String, KeyRecord)>> {
+    /// keys from `start`), from what was read ahead for them if given (it holds all
+    /// such keys), else from sled.
+    fn scan(
+        &self,
+        start: &str,
+        within: impl Fn(&str) -> bool,
+        limit: usize,
+        ahead: Option<&[(String, KeyRecord)]>,
+    ) -> Result<Vec<(String, KeyRecord)>> {
         let want = limit.saturating_add(1);
         let mut buffered: std::collections::BTreeMap<&str, Option<&[u8]>> = std::collections::BTreeMap::new();
         if let Some(folding) = &self.folding {
@@ -288,13 +361,42 @@ impl StoreReader {
         let mut found: std::collections::BTreeMap<String, KeyRecord> = std::collections::BTreeMap::new();
         // Enough of sled's to fill `want` whatever the overlays delete.
         let stored_max = want.saturating_add(buffered.len());
-        let walk = self.pages.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(entries) = ahead {
+            let first = entries.partition_point(|(k, _)| k.as_str() < start);
+            let stored = entries[first..].iter().take_while(|(k, _)| within(k));
+            let stored = stored.filter(|(k, _)| !buffered.contains_key(k.as_str())).take(stored_max);
+            found.extend(stored.cloned());
+        } else {
+            self.scan_sled(start, &within, &buffered, stored_max, &mut found)?;
+        }
+        for (key, record) in buffered {
+            if let Some(bytes) = record {
+                found.insert(key.to_owned(), codec::decode("overlay record", bytes)?);
+            }
+        }
+        Ok(found.into_iter().take(want).collect())
+    }
+
+    /// The part of [`StoreReader::scan`] that reads sled: up to `stored_max` records
+    /// of keys not in `buffered`.
+    fn scan_sled(
+        &self,
+        start: &str,
+        within: &impl Fn(&str) -> bool,
+        buffered: &std::collections::BTreeMap<&str, Option<&[u8]>>,
+        stored_max: usize,
+        found: &mut std::collections::BTreeMap<String, KeyRecord>,
+    ) -> Result<()> {
+        let _walk = self.pages.lock().unwrap_or_else(PoisonError::into_inner);
         'pages: for entry in self.tree.range(pages_above(start)) {
             let (raw, bytes) = entry.map_err(io("read a page"))?;
-            let page = Page::decode(&bytes)?;
-            for (key, record) in page.entries() {
-                if key.as_str() >= start && within(key) && !buffered.contains_key(key.as_str()) {
-                    found.insert(key.clone(), record.clone());
+            for entry in Page::entries_from(&bytes, start)? {
+                let (key, record) = entry?;
+                if !within(key) {
+                    break 'pages;
+                }
+                if !buffered.contains_key(key) {
+                    found.insert(key.to_owned(), record);
                     if found.len() >= stored_max {
                         break 'pages;
                     }
@@ -306,13 +408,7 @@ impl StoreReader {
                 _ => break,
             }
         }
-        drop(walk);
-        for (key, record) in buffered {
-            if let Some(bytes) = record {
-                found.insert(key.to_owned(), codec::decode("overlay record", bytes)?);
-            }
-        }
-        Ok(found.into_iter().take(want).collect())
+        Ok(())
     }
 }
 
@@ -345,6 +441,14 @@ struct Folder {
     /// (sled makes each single read atomic, not a walk).
     pages: Arc<Mutex<()>>,
 }
+
+/// The most pages [`StoreReader::read_ahead`] reads for one prefix: the entries of a
+/// group key usually fit in one.
+const READ_AHEAD_PAGES_MAX: usize = 4;
+
+/// About the most memory [`StoreReader::read_ahead`] holds for a batch (keys, values
+/// and their bookkeeping); the prefixes after it are read from sled as asked for.
+const READ_AHEAD_BYTES_MAX: usize = 32 << 20;
 
 /// Page bytes written into sled by one `apply_batch` of a fold, about (a few pages in
 /// tests, so that their folds take several chunks): a chunk is held in memory whole.
@@ -562,6 +666,7 @@ impl Store {
             pages: self.folder.pages.clone(),
             overlay: Arc::clone(&self.overlay),
             folding: self.folding.clone(),
+            ahead: Default::default(),
         }
     }
 
@@ -1225,6 +1330,15 @@ mod tests {
                 };
                 changes.push(KeyChange { key, before, after });
             }
+            // Small groups too, whose entries fit in the pages `read_ahead` takes.
+            let key = format!("s{}\0mvar\0{:04x}", next(6), next(3));
+            if touched.insert(key.clone()) {
+                let before =
+                    model.get(&key).map(|v| KeyRecord { value: Some(v.clone()), timeout_ms: None, schema_version: 1 });
+                let value = format!("{batch}").into_bytes();
+                model.insert(key.clone(), value.clone());
+                changes.push(KeyChange { key, before, after: rec(Some(&value), None) });
+            }
             // A plain (0.1) key beside them, which no prefix range may return.
             changes.push(KeyChange { key: format!("g1{batch}"), before: None, after: rec(Some(b"plain"), None) });
             let cp = Checkpoint { next_batch_id: batch + 1, ..Checkpoint::default() };
@@ -1270,6 +1384,32 @@ mod tests {
             let got: Vec<(String, Vec<u8>)> = got.into_iter().map(|(k, r)| (k, r.value.unwrap())).collect();
             assert_eq!(got, want, "batch {batch}, range {start:?}..{end:?}");
             assert_eq!(reader.scan_range(&start, &end, 2).unwrap().len(), want.len().min(3), "at most limit + 1");
+
+            // Read ahead for every group (a batch's keys), it answers the same: from
+            // what it read for the groups within its page limit, from sled for the rest.
+            let groups: Vec<String> =
+                (0..5).map(|g| format!("g{g}\0")).chain((0..7).map(|g| format!("s{g}\0"))).collect();
+            let mut ahead = store.reader();
+            ahead.read_ahead(groups.iter().map(String::as_str)).unwrap();
+            assert!(ahead.read_ahead_for("s0\0").is_some(), "a small group is read ahead");
+            for group in &groups {
+                let p = format!("{group}mvar\0");
+                let want: Vec<(String, Vec<u8>)> = model
+                    .range(p.clone()..)
+                    .take_while(|(k, _)| k.starts_with(&p))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                for prefix in [group.as_str(), p.as_str()] {
+                    let got = ahead.scan_prefix(prefix, 1000).unwrap();
+                    let got: Vec<(String, Vec<u8>)> = got.into_iter().map(|(k, r)| (k, r.value.unwrap())).collect();
+                    assert_eq!(got, want, "batch {batch}, read ahead, prefix {prefix:?}");
+                }
+                for i in 0..300 {
+                    let key = format!("{p}{i:04x}");
+                    let got = ahead.get(&key).unwrap().and_then(|r| r.value);
+                    assert_eq!(got.as_ref(), model.get(&key), "batch {batch}, read ahead, key {key:?}");
+                }
+            }
         }
         store.check_consistency().unwrap();
     }

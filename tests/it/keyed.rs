@@ -103,3 +103,44 @@ fn keyed_calls_are_atomic_and_timers_follow_the_rules() {
 
     assert_eq!(of("e").len(), 2, "the deleted timer must not fire: {:#?}", of("e"));
 }
+
+/// A failed call among many keys of one batch is dead-lettered with its own key's
+/// events (a batch's calls are matched to their groups by position).
+#[test]
+fn a_failed_call_is_dead_lettered_with_its_own_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let line = |key: &str, i: usize, ops: &[&str]| json!({"k": key, "ts": NOW, "n": i, "ops": ops}).to_string();
+    let mut lines = Vec::new();
+    for i in 0..3 {
+        for key in ["a", "b", "c", "d"] {
+            let fail = key == "c" && i == 1;
+            lines.push(line(key, i, if fail { &["append:x", "fail"] } else { &["append:x"] }));
+        }
+    }
+    let input = dir.path().join("in.jsonl");
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let mut config = PipelineConfig::new(
+        PathBuf::from(plugins::KEYED_PROBE),
+        Stream::File(input),
+        Stream::File(dir.path().join("out.jsonl")),
+        dir.path().join("state"),
+        "k".into(),
+    );
+    config.timeout = TimeoutKind::ProcessingTime;
+    config.time_field = Some("ts".into());
+    config.on_error = ErrorPolicy::DeadLetter;
+    config.durable_commits = false;
+    config.cache_dir = Some(cache_dir());
+    let summary = run(config, NOW);
+    assert_eq!(summary.total.failed_calls, 1);
+    let dead = std::fs::read_to_string(dir.path().join("state").join("dead-letter.jsonl")).unwrap();
+    let failures: Vec<Value> = dead
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["kind"] == "plugin-error")
+        .collect();
+    assert_eq!(failures.len(), 1, "{dead}");
+    assert_eq!(failures[0]["key"], "c");
+    let want: Vec<&str> = lines.iter().filter(|l| l.contains(r#""k":"c""#)).map(String::as_str).collect();
+    assert_eq!(failures[0]["events"], json!(want), "all of c's events, in arrival order, and no other key's");
+}
