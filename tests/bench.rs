@@ -1,10 +1,11 @@
 //! The benchmark (WORKLOAD.md's workload; figures in BENCHMARKS.md). Run it with
 //! `cargo run --release -p groupstate-tests --bin bench -- <scenario> [options]`:
 //!
-//! - `throughput [--events N,..] [--sensors K,..] [--runs R] [--batch-events B] [--configs floor,native,wasm]`: the sensor
+//! - `throughput [--events N,..] [--sensors K,..] [--runs R] [--batch-events B] [--configs floor,native,wasm,wasm-v2]`: the sensor
 //!   workload end to end with state in sled committed (fsync) every batch, three ways on
 //!   the same input: the wasm plugin, the same logic as a native Rust function inside the
-//!   host (what the sandbox costs), and a plain in-memory loop over the file (the floor).
+//!   host (what the sandbox costs), and a plain in-memory loop over the file (the floor);
+//!   `wasm-v2` runs the 0.2 state API over the same input (inactivity-alert-v2).
 //!   Each run is a child process, so peak RSS is its own. Prints medians and ratios;
 //!   with several event or sensor counts, every pair runs interleaved and the cost of an
 //!   event is compared across them (e.g. `--sensors 10000,1000000`: at 1M keys
@@ -87,7 +88,7 @@ fn main() {
         Some("one") => one(&args[1], Path::new(&args[2]), num("--batch-events", 0) as usize),
         _ => {
             eprintln!(
-                "usage: bench throughput [--events N,..] [--sensors K,..] [--runs R] [--batch-events B] [--configs floor,native,wasm]"
+                "usage: bench throughput [--events N,..] [--sensors K,..] [--runs R] [--batch-events B] [--configs floor,native,wasm,wasm-v2]"
             );
             eprintln!("       bench timers [--keys 10000,1000000] [--batches B]");
             eprintln!("       bench swap [--runs R]");

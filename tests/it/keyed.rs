@@ -2,13 +2,31 @@
 //! staged and atomic calls, timers after the data calls at `expiry <= threshold`,
 //! a timer deleted in a data call not firing, and the limits.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use groupstate::{ErrorPolicy, PipelineConfig, Stream, TimeoutKind};
 use groupstate_tests::{cache_dir, plugins, run};
 use serde_json::{Value, json};
 
 const NOW: i64 = 1_800_000_000_000;
+
+/// A pipeline of the keyed-probe over `input` (key `k`, time `ts`, processing-time
+/// timers), with its output and state in `dir`.
+fn probe_config(dir: &Path, input: PathBuf) -> PipelineConfig {
+    let mut config = PipelineConfig::new(
+        PathBuf::from(plugins::KEYED_PROBE),
+        Stream::File(input),
+        Stream::File(dir.join("out.jsonl")),
+        dir.join("state"),
+        "k".into(),
+    );
+    config.timeout = TimeoutKind::ProcessingTime;
+    // The probe declares event-time TTLs, which need a time field.
+    config.time_field = Some("ts".into());
+    config.durable_commits = false;
+    config.cache_dir = Some(cache_dir());
+    config
+}
 
 #[test]
 fn keyed_calls_are_atomic_and_timers_follow_the_rules() {
@@ -36,19 +54,9 @@ fn keyed_calls_are_atomic_and_timers_follow_the_rules() {
         l.to_string() + "\n"
     };
     std::fs::write(&input, script.iter().map(with_time).collect::<String>()).unwrap();
-    let mut config = PipelineConfig::new(
-        PathBuf::from(plugins::KEYED_PROBE),
-        Stream::File(input),
-        Stream::File(dir.path().join("out.jsonl")),
-        dir.path().join("state"),
-        "k".into(),
-    );
-    config.timeout = TimeoutKind::ProcessingTime;
-    config.time_field = Some("ts".into());
+    let mut config = probe_config(dir.path(), input);
     config.on_error = ErrorPolicy::Skip;
     config.batch_events_max = 1;
-    config.durable_commits = false;
-    config.cache_dir = Some(cache_dir());
     config.limits.timers_per_key_max = 3;
     let summary = run(config, NOW);
     assert_eq!(summary.total.failed_calls, 2, "the failing and the trapping call");
@@ -119,18 +127,8 @@ fn a_failed_call_is_dead_lettered_with_its_own_events() {
     }
     let input = dir.path().join("in.jsonl");
     std::fs::write(&input, lines.join("\n") + "\n").unwrap();
-    let mut config = PipelineConfig::new(
-        PathBuf::from(plugins::KEYED_PROBE),
-        Stream::File(input),
-        Stream::File(dir.path().join("out.jsonl")),
-        dir.path().join("state"),
-        "k".into(),
-    );
-    config.timeout = TimeoutKind::ProcessingTime;
-    config.time_field = Some("ts".into());
+    let mut config = probe_config(dir.path(), input);
     config.on_error = ErrorPolicy::DeadLetter;
-    config.durable_commits = false;
-    config.cache_dir = Some(cache_dir());
     let summary = run(config, NOW);
     assert_eq!(summary.total.failed_calls, 1);
     let dead = std::fs::read_to_string(dir.path().join("state").join("dead-letter.jsonl")).unwrap();
