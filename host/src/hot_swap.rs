@@ -277,7 +277,9 @@ impl SwapController {
         let label = label_of(candidate.plugin.info());
         // The version that runs, offered again (a retry after `OfferError::Busy` queues
         // it again where it was still under its check): nothing to swap.
-        if candidate.plugin.build().is_some() && candidate.plugin.build() == self.plugin.build() {
+        if let (Some(offered), Some(running)) = (candidate.plugin.build(), self.plugin.build())
+            && offered == running
+        {
             tracing::info!(
                 "plugin {label} from {}: runs already (the same component and parameters)",
                 candidate.origin

@@ -862,10 +862,9 @@ impl Pipeline {
             crate::keyed::run_batch(function, &self.store, variables, &ctx, &prepared.groups, threshold, limit, fail)?;
         self.stages.plugin_ns += self.since(started);
         for called in done.calls {
-            let (key, events): (&str, &[Event]) = match called.group {
-                None => (&called.key, &[]),
-                Some(i) => (&called.key, prepared.groups.get(i).map_or(&[][..], |(_, events)| events.as_slice())),
-            };
+            let key = called.key.as_str();
+            let group = called.group.and_then(|i| prepared.groups.get(i));
+            let events: &[Event] = group.map_or(&[], |(_, events)| events.as_slice());
             if called.group.is_none() {
                 batch.timeout_keys += 1;
                 batch.counters.timeout_calls += 1;
