@@ -49,10 +49,13 @@ impl Page {
     pub fn lookup(bytes: &[u8], key: &str) -> Result<Option<KeyRecord>, DecodeError> {
         let view = View::new(bytes)?;
         let i = view.first_at_or_above(key.as_bytes())?;
-        if i == view.count || view.raw_key(i)? != key.as_bytes() {
+        if i == view.count {
             return Ok(None);
         }
-        Ok(Some(codec::decode("page record", view.raw_entry(i)?.1)?))
+        match view.raw_entry(i)? {
+            (found, record) if found == key.as_bytes() => Ok(Some(codec::decode("page record", record)?)),
+            _ => Ok(None),
+        }
     }
 
     /// The entries of an encoded page from the first key at or above `start` on, in key
