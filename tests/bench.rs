@@ -285,6 +285,8 @@ fn one(config: &str, input: &Path, batch_events: usize) {
             pc.limits.store_buffer_bytes = env_bytes("BENCH_STORE_BUFFER").unwrap_or(pc.limits.store_buffer_bytes);
             pc.limits.store_cache_bytes = env_bytes("BENCH_STORE_CACHE").unwrap_or(pc.limits.store_cache_bytes);
             pc.batch_keys_max = env_bytes("BENCH_BATCH_KEYS").map_or(pc.batch_keys_max, |n| n as usize);
+            pc.limits.batch_calls_max =
+                env_bytes("BENCH_BATCH_CALLS").map_or(pc.limits.batch_calls_max, |n| n as usize);
             let clock: Arc<dyn Clock> = Arc::new(SystemClock);
             let mut pipeline = if config != "native" {
                 Pipeline::open(pc, clock)

@@ -17,6 +17,10 @@ pub fn init<T: StateFunction>(params: Vec<(String, String)>) -> Result<T, String
     T::init(&Params::new(params)).map_err(String::from)
 }
 
+/// What a call made before `init` succeeded returns.
+pub(crate) const NOT_INITIALISED: &str =
+    "process was called before init succeeded: the host must call init on every new instance";
+
 /// `process`: one call for one key, on the instance `init` made.
 pub fn process<T: StateFunction>(
     instance: Option<&mut T>,
@@ -25,9 +29,7 @@ pub fn process<T: StateFunction>(
     state: &wit::GroupState,
 ) -> Result<Vec<String>, String> {
     let Some(instance) = instance else {
-        return Err("process was called before init succeeded: the host must call init \
-                    on every new instance"
-            .to_string());
+        return Err(NOT_INITIALISED.to_string());
     };
     let events = events.into_iter().map(|event| (event.event_time_ms, event.payload));
     run_process(instance, key, events, GroupState::from_host(state)).map_err(String::from)

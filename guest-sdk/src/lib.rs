@@ -7,7 +7,9 @@
 //! through which it reads and changes the key's state and timeout. The SDK decodes keys
 //! ([`FromKey`]), event payloads (JSON, through serde), state values (bincode, see
 //! [`codec`]) and encodes outputs (JSON); [`export_plugin!`] turns the type into the
-//! exports of the WIT world `state-function` (package `groupstate:plugin@0.1.0`).
+//! exports of the WIT world `state-function-batched` (package `groupstate:plugin@0.1.0`):
+//! those of `state-function` and `process-batch`, through which the host makes many
+//! calls at once, each on a [`GroupState`] the plugin stages itself by the host's rules.
 //!
 //! Build with `cargo build --release --target wasm32-wasip2` in a `cdylib` crate. The
 //! same code also compiles natively, so [`testing`] can run the plugin in unit tests.
@@ -95,6 +97,8 @@
 
 #![deny(missing_docs)]
 
+#[doc(hidden)]
+pub mod batch;
 pub mod codec;
 mod error;
 #[doc(hidden)]
@@ -111,7 +115,8 @@ pub use key::{FromKey, KeyError};
 pub use params::{ParamError, Params};
 pub use state::{GroupState, StateError, TimeoutKind};
 
-/// The bindings wit-bindgen generates for the world `state-function`. Not part of the
+/// The bindings wit-bindgen generates for the world `state-function-batched` (the world
+/// `state-function` and its `process-batch` fast path). Not part of the
 /// SDK's API: use the typed wrappers and [`export_plugin!`].
 #[doc(hidden)]
 #[allow(unsafe_code, missing_docs, clippy::all)]
@@ -121,7 +126,7 @@ pub mod wit {
         // contract (kept identical to the repository's `wit/` by a test), so it builds
         // from anywhere, as a path or a registry dependency.
         path: "wit",
-        world: "state-function",
+        world: "state-function-batched",
         // `export_plugin!` expands the generated `export!` in the plugin's crate.
         pub_export_macro: true,
         default_bindings_module: "groupstate_sdk::wit",
@@ -267,6 +272,11 @@ macro_rules! export_plugin {
                 ) -> ::core::result::Result<::std::vec::Vec<::std::string::String>, ::std::string::String> {
                     __GROUPSTATE_INSTANCE
                         .with_borrow_mut(|slot| $crate::export::process::<$ty>(slot.as_mut(), key, events, state))
+                }
+
+                fn process_batch(calls: ::std::vec::Vec<u8>) -> ::std::vec::Vec<u8> {
+                    __GROUPSTATE_INSTANCE
+                        .with_borrow_mut(|slot| $crate::batch::process_batch::<$ty>(slot.as_mut(), &calls))
                 }
 
                 fn migrate_state(

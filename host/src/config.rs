@@ -209,6 +209,9 @@ pub struct Limits {
     pub state_writes_per_call_max: usize,
     /// 0.2 plugins: the timers one key may hold (default 1 000).
     pub timers_per_key_max: usize,
+    /// Calls one `process-batch` carries, with a plugin that exports it (default 512;
+    /// 1 makes every call a `process` call).
+    pub batch_calls_max: usize,
     /// 0.2 plugins: the expired TTL entries (values, list elements, map entries) one
     /// batch removes from the store; the rest stay invisible and go in the next batches
     /// (default 100 000).
@@ -246,6 +249,7 @@ impl Default for Limits {
             timeouts_per_batch_max: 100_000,
             state_writes_per_call_max: 10_000,
             timers_per_key_max: 1_000,
+            batch_calls_max: 512,
             ttl_expirations_per_batch_max: 100_000,
             initial_state_bytes_max: 1 << 30,
             migration_check_ms_max: 10_000,
@@ -554,6 +558,7 @@ impl PipelineConfig {
             Bound::new("timeouts_per_batch_max", l.timeouts_per_batch_max as u64, 1, 10_000_000),
             Bound::new("state_writes_per_call_max", l.state_writes_per_call_max as u64, 1, 1_000_000),
             Bound::new("timers_per_key_max", l.timers_per_key_max as u64, 1, 1_000_000),
+            Bound::new("batch_calls_max", l.batch_calls_max as u64, 1, 65_536),
             Bound::new("ttl_expirations_per_batch_max", l.ttl_expirations_per_batch_max as u64, 1, 10_000_000),
             Bound::new("initial_state_bytes_max", l.initial_state_bytes_max, 1, 64u64 << 30),
             Bound::new("store_cache_bytes", l.store_cache_bytes, MIB, 64 * GIB),

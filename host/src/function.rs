@@ -15,6 +15,10 @@ pub trait StateFunction: Send {
     fn info(&self) -> &PluginInfo;
     /// One call for one key; see [`Plugin::call`].
     fn call(&mut self, kind: TimeoutKind, req: &CallRequest<'_>) -> Result<CallOutcome, CallError>;
+    /// [`StateFunction::call`] for each request, in order; see [`Plugin::call_many`].
+    fn call_many(&mut self, kind: TimeoutKind, reqs: &[CallRequest<'_>]) -> Vec<Result<CallOutcome, CallError>> {
+        reqs.iter().map(|req| self.call(kind, req)).collect()
+    }
     /// Converts a state value from an older schema version; see [`Plugin::migrate`].
     fn migrate(&mut self, from_version: u32, value: &[u8]) -> Result<Vec<u8>, CallError>;
     /// Converts `part` of 0.2 variable `variable`, stored under `from_version`, to the
@@ -50,6 +54,9 @@ impl StateFunction for Plugin {
     }
     fn call(&mut self, kind: TimeoutKind, req: &CallRequest<'_>) -> Result<CallOutcome, CallError> {
         Plugin::call(self, kind, req)
+    }
+    fn call_many(&mut self, kind: TimeoutKind, reqs: &[CallRequest<'_>]) -> Vec<Result<CallOutcome, CallError>> {
+        Plugin::call_many(self, kind, reqs)
     }
     fn migrate(&mut self, from_version: u32, value: &[u8]) -> Result<Vec<u8>, CallError> {
         Plugin::migrate(self, from_version, value)

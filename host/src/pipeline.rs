@@ -813,12 +813,7 @@ impl Pipeline {
         batch.changes.reserve(groups.len());
         let loaded = self.load(groups.iter().map(|(k, _)| k.as_str()))?;
         let calls = self.calls_started();
-        let called = groups.iter().zip(loaded).enumerate().try_for_each(|(i, ((key, events), before))| {
-            if let Some((_, next)) = groups.get(i + 1) {
-                touch_payloads(next);
-            }
-            self.call_key(batch, key, events, before, None)
-        });
+        let called = self.call_data_keys(batch, groups, loaded);
         // Timed also when a call failed the batch: its stage times include the attempt.
         self.calls_done(calls);
         called?;
@@ -895,6 +890,54 @@ impl Pipeline {
         let loaded = self.store.get_many(&keys)?;
         self.stages.state_load_ns += self.since(started);
         Ok(loaded)
+    }
+
+    /// Calls the plugin for each key with data, all in one [`StateFunction::call_many`]
+    /// (which a plugin may run as a few `process-batch` calls), and stages the results
+    /// in key order, as [`Pipeline::call_key`] does one by one.
+    fn call_data_keys(
+        &mut self,
+        batch: &mut Batch,
+        groups: &crate::prepare::Groups,
+        loaded: Vec<Option<KeyRecord>>,
+    ) -> Result<(), Error> {
+        let schema = self.swaps.info().state_schema_version;
+        let values: Vec<Result<Option<Vec<u8>>, CallError>> =
+            loaded.iter().map(|before| self.migrated_value(before.as_ref(), schema)).collect();
+        let plan = &batch.plan;
+        let reqs: Vec<CallRequest<'_>> = groups
+            .iter()
+            .zip(&values)
+            .filter_map(|((key, events), value)| {
+                let value = value.as_ref().ok()?;
+                Some(CallRequest {
+                    batch_id: plan.batch_id,
+                    key,
+                    events,
+                    state: value.as_deref(),
+                    has_timed_out: false,
+                    watermark_ms: plan.watermark_ms,
+                    processing_time_ms: plan.processing_time_ms,
+                })
+            })
+            .collect();
+        let outcomes = self.swaps.plugin().call_many(self.config.timeout, &reqs);
+        drop(reqs);
+        let mut outcomes = outcomes.into_iter();
+        for (((key, events), before), value) in groups.iter().zip(loaded).zip(values) {
+            batch.counters.data_calls += 1;
+            let called = value.and_then(|value| {
+                let outcome = outcomes.next().unwrap_or_else(|| {
+                    Err(CallError::BadResult("the plugin returned fewer outcomes than calls".into()))
+                });
+                outcome.map(|outcome| (value, outcome))
+            });
+            match called {
+                Ok((value, outcome)) => self.apply(batch, key, before, value, outcome, schema)?,
+                Err(cause) => self.call_failed(batch, key, events, before, cause)?,
+            }
+        }
+        Ok(())
     }
 
     /// Migrates the key's loaded state if an older schema wrote it, calls the plugin
@@ -1138,21 +1181,6 @@ fn stored_deltas(changes: &[KeyChange]) -> (i64, i64) {
     changes.iter().fold((0, 0), |(keys, timers), c| {
         (keys + stored(&c.after) - stored(&c.before), timers + timer(&c.after) - timer(&c.before))
     })
-}
-
-/// Brings the next key's payloads into cache before they are copied into the guest.
-/// They were read on the input thread a batch ago, one allocation per line in input
-/// order, so copying them one by one waited on memory for each (15% of a 10M-event
-/// run's samples were that copy); touching them all at once lets the loads overlap.
-fn touch_payloads(events: &[Event]) {
-    let mut any = 0u8;
-    for event in events {
-        let bytes = event.payload.as_bytes();
-        // The first and the last byte: a line of up to 64 bytes may still span two
-        // cache lines.
-        any ^= bytes.first().copied().unwrap_or(0) ^ bytes.last().copied().unwrap_or(0);
-    }
-    std::hint::black_box(any);
 }
 
 /// The settings a state dir is tied to, as this run gives them.

@@ -50,6 +50,30 @@ fn call(plugin: &mut Plugin, key: &str, payloads: &[Value]) -> Result<CallOutcom
     plugin.call(TimeoutKind::None, &req)
 }
 
+/// One [`Plugin::call_many`] with a call per entry of `calls` (keys `k0`, `k1`, ...),
+/// each with those event payloads and no prior state.
+fn call_many(plugin: &mut Plugin, calls: &[&[Value]]) -> Vec<Result<CallOutcome, CallError>> {
+    let events: Vec<Vec<Event>> = calls
+        .iter()
+        .map(|payloads| payloads.iter().map(|p| Event { event_time_ms: None, payload: p.to_string() }).collect())
+        .collect();
+    let keys: Vec<String> = (0..calls.len()).map(|i| format!("k{i}")).collect();
+    let reqs: Vec<CallRequest<'_>> = keys
+        .iter()
+        .zip(&events)
+        .map(|(key, events)| CallRequest {
+            batch_id: 1,
+            key,
+            events,
+            state: None,
+            has_timed_out: false,
+            watermark_ms: 0,
+            processing_time_ms: NOW_MS,
+        })
+        .collect();
+    plugin.call_many(TimeoutKind::None, &reqs)
+}
+
 /// The adversary's order to do `action`.
 fn order(action: &str) -> Value {
     json!({ "do": action })
@@ -105,6 +129,82 @@ fn instance_calls(plugin: &mut Plugin) -> u64 {
 fn assert_recovers(plugin: &mut Plugin) {
     assert_eq!(outputs(call(plugin, "k", &[order("count")])), [json!({ "key": "k", "count": 1 })]);
     assert_eq!(instance_calls(plugin), 2, "the instance after a trap must be a fresh one");
+}
+
+#[test]
+fn a_batch_of_calls_comes_to_what_the_calls_one_by_one_come_to() {
+    // The same plugin twice: one instance takes its calls through process-batch, the
+    // other one by one through process.
+    let mut batched = adversary(&test_limits());
+    let mut single = adversary(&Limits { batch_calls_max: 1, ..test_limits() });
+    let outputs_order = json!({ "do": "outputs", "n": 3 });
+    let big_state = json!({ "do": "big-state", "n": 64 });
+    let calls: [&[Value]; 5] =
+        [&[order("count"), order("count")], &[order("fail")], &[big_state], &[order("probe")], &[outputs_order]];
+    let (b, s) = (call_many(&mut batched, &calls), call_many(&mut single, &calls));
+    assert_eq!(b, s);
+    assert!(matches!(b[1], Err(CallError::Returned(_))), "{}", describe(&b[1]));
+    assert!([0, 2, 3, 4].iter().all(|&i| b[i].is_ok()), "{:?}", b.iter().map(describe).collect::<Vec<_>>());
+    assert_eq!((batched.batches(), single.batches()), (1, 0));
+
+    // A trap, a runaway and a panic in the middle of a batch are each one call's own:
+    // the batch is redone call by call, so the calls around them succeed, as they do
+    // one by one, and each gets its own CPU time limit.
+    for bad in ["panic", "loop", "alloc"] {
+        let calls: [&[Value]; 3] = [&[order("count")], &[order("count"), order(bad)], &[order("count")]];
+        let (b, s) = (call_many(&mut batched, &calls), call_many(&mut single, &calls));
+        assert_eq!(b, s, "{bad}");
+        assert!(b[0].is_ok() && b[2].is_ok(), "{bad}: {:?}", b.iter().map(describe).collect::<Vec<_>>());
+        let trap = trap_message(b[1].clone());
+        let cause = match bad {
+            "panic" => "adversary: panic on key k1",
+            "loop" => "CPU time limit exceeded",
+            _ => "instance_memory_bytes_max",
+        };
+        assert!(trap.contains(cause), "{bad}: {trap}");
+    }
+    assert_eq!(batched.batches(), 1, "a trapped batch is redone one by one, not used");
+    let calls: [&[Value]; 2] = [&[order("count")], &[order("count")]];
+    assert_eq!(call_many(&mut batched, &calls), call_many(&mut single, &calls));
+    assert_eq!(batched.batches(), 2, "after a trap the next batch goes through process-batch again");
+}
+
+#[test]
+fn each_call_of_a_batch_has_its_own_cpu_time_limit() {
+    let limits = Limits { call_cpu_ms_max: 500, ..test_limits() };
+    let mut plugin = adversary(&limits);
+    // Spins that take about 100 ms a call, measured here; eight of them in one batch
+    // take 800 ms, more than the limit of one call.
+    let probe_spins = 20_000_000u64;
+    let clock = groupstate::SystemClock;
+    let started = groupstate::Clock::monotonic_ns(&clock);
+    call(&mut plugin, "k", &[json!({ "do": "spin", "n": probe_spins })]).expect("a short spin");
+    let elapsed_ns = groupstate::Clock::monotonic_ns(&clock) - started;
+    let per_spin_ns = (elapsed_ns as f64 / probe_spins as f64).max(0.01);
+    let spin = json!({ "do": "spin", "n": (100e6 / per_spin_ns) as u64 });
+    let calls: Vec<&[Value]> = vec![std::slice::from_ref(&spin); 8];
+    for (i, outcome) in call_many(&mut plugin, &calls).iter().enumerate() {
+        assert!(outcome.is_ok(), "call {i}: {}", describe(outcome));
+    }
+    assert_eq!(plugin.batches(), 1, "the batch ran whole: each call had its own limit");
+}
+
+#[test]
+fn a_batch_result_that_does_not_read_is_redone_call_by_call() {
+    // raw-outputs' process-batch returns one byte that reads as nothing.
+    let mut raw = load(plugins::RAW_OUTPUTS, &test_limits(), &[]).expect("load raw-outputs");
+    let mut single =
+        load(plugins::RAW_OUTPUTS, &Limits { batch_calls_max: 1, ..test_limits() }, &[]).expect("load raw-outputs");
+    let text = json!({ "do": "text", "text": "[1]" });
+    let not_json = json!({ "do": "text", "text": "not json" });
+    let calls: [&[Value]; 3] = [&[text], &[not_json], &[order("nothing")]];
+    for _ in 0..2 {
+        let (b, s) = (call_many(&mut raw, &calls), call_many(&mut single, &calls));
+        assert_eq!(b, s);
+        assert_eq!(outputs(b[0].clone()), [json!([1])]);
+        assert!(bad_result_message(b[1].clone()).contains("not JSON"));
+    }
+    assert_eq!(raw.batches(), 0);
 }
 
 #[test]

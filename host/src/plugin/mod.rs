@@ -3,6 +3,7 @@
 //! with a staged `group-state` handle. A trap never escapes this module as a panic: it
 //! becomes a [`CallError`], the instance is dropped and the next call makes a fresh one.
 
+mod batch;
 mod cache;
 mod handle;
 mod limits;
@@ -275,6 +276,8 @@ pub struct HostState {
     log: PluginLog,
     /// The 0.2 call running now, which its `key-state` handle works on.
     keyed: Option<crate::keyed::KeyCall>,
+    /// The `process-batch` call running now.
+    batch: Option<batch::Turns>,
 }
 
 impl WasiView for HostState {
@@ -353,6 +356,7 @@ impl Runtime {
         wasi::add_virtual_monotonic_clock(&mut linker, |s| wasi::VirtualClockView { env: &s.env, table: &mut s.table })
             .map_err(engine_err)?;
         linker.allow_shadowing(false);
+        batch::add_to_linker(&mut linker).map_err(engine_err)?;
         StateFunction::add_to_linker::<_, wasmtime::component::HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(engine_err)?;
         v2::bindings::KeyedStateFunction::add_to_linker::<_, wasmtime::component::HasSelf<HostState>>(
@@ -411,6 +415,8 @@ impl Runtime {
             info: PluginInfo { name: String::new(), version: String::new(), state_schema_version: 0 },
             variables: Arc::default(),
             migrator: None,
+            batch_unreadable: false,
+            batches: 0,
         };
         let live = plugin.recipe.instantiate().map_err(|e| match e {
             StartError::Instantiate(message) => PluginError::Instantiate { path: path.to_owned(), message },
@@ -577,6 +583,8 @@ enum Bindings {
 struct Live {
     store: Store<HostState>,
     bindings: Bindings,
+    /// A 0.1 plugin's `process-batch`, if it exports one.
+    batch: Option<batch::ProcessBatch>,
     /// The variables a 0.2 plugin's `init` declared (none for 0.1).
     variables: Vec<crate::keyed::Variable>,
     env: Arc<VirtualEnv>,
@@ -608,6 +616,10 @@ pub struct Plugin {
     /// A 0.2 plugin's second instance, for `migrate-state` while a call reads (made
     /// when first needed); it is lent to each call.
     migrator: Option<Box<dyn crate::keyed::Migrate>>,
+    /// Its `process-batch` once returned what does not read: not used again.
+    batch_unreadable: bool,
+    /// See [`Plugin::batches`].
+    batches: u64,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -695,6 +707,7 @@ impl Recipe {
             limits: InstanceLimiter::new(self.limits.instance_memory_bytes_max),
             log: log.clone(),
             keyed: None,
+            batch: None,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
@@ -724,10 +737,12 @@ impl Recipe {
                     let instance = pre.instance_pre().instantiate(&mut *store)?;
                     Ok::<_, wasmtime::Error>((
                         StateFunction::new(&mut *store, &instance)?,
-                        process_export(store, &instance)?,
+                        process_export(&mut *store, &instance)?,
+                        batch::export(store, &instance),
                     ))
                 };
-                let (bindings, process) = instantiate(&mut store).map_err(|e| StartError::Instantiate(trap(&e)))?;
+                let (bindings, process, batch) =
+                    instantiate(&mut store).map_err(|e| StartError::Instantiate(trap(&e)))?;
                 self.set_deadline(&mut store);
                 let info = bindings.call_info(&mut store).map_err(|e| info_trapped(&e))?.into();
                 self.set_deadline(&mut store);
@@ -735,7 +750,7 @@ impl Recipe {
                     .call_init(&mut store, &self.params)
                     .map_err(|e| init_trapped(&e))?
                     .map_err(|message| StartError::Init(clip_message(&message)))?;
-                Ok(Live { store, bindings: Bindings::V1(bindings, process), variables: Vec::new(), env, info })
+                Ok(Live { store, bindings: Bindings::V1(bindings, process), batch, variables: Vec::new(), env, info })
             }
             Pre::V2(pre) => {
                 let instantiate = |store: &mut Store<HostState>| {
@@ -760,7 +775,7 @@ impl Recipe {
                     .map(Into::into)
                     .collect();
                 crate::keyed::check_variables(&variables).map_err(|m| StartError::Init(clip_message(&m)))?;
-                Ok(Live { store, bindings: Bindings::V2(bindings, process), variables, env, info })
+                Ok(Live { store, bindings: Bindings::V2(bindings, process), batch: None, variables, env, info })
             }
         }
     }
@@ -935,9 +950,9 @@ impl Plugin {
     }
 }
 
-fn set_deadline(store: &mut Store<HostState>, ticks: Option<u64>) {
+fn set_deadline(mut store: impl wasmtime::AsContextMut<Data = HostState>, ticks: Option<u64>) {
     if let Some(ticks) = ticks {
-        store.set_epoch_deadline(ticks);
+        store.as_context_mut().set_epoch_deadline(ticks);
     }
 }
 

@@ -9,6 +9,9 @@
 //! | `{"do": "alias", "copies": C, "bytes": B}` | `ok` with C outputs that all point at the same B-byte JSON string in the plugin's memory, so the host would copy C × B bytes out of B bytes |
 //! | `{"do": "error", "bytes": B}`           | `err` with a B-byte message                  |
 //! | anything else                           | `ok([])`                                     |
+//!
+//! Its `process-batch` returns a byte that reads as no outcome, so the host makes every
+//! call with `process` (the tests of that fallback use it too).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
@@ -68,6 +71,10 @@ impl wit::Guest for RawOutputs {
             "error" => Err("e".repeat(order.bytes)),
             _ => Ok(Vec::new()),
         }
+    }
+
+    fn process_batch(_calls: Vec<u8>) -> Vec<u8> {
+        vec![7]
     }
 
     fn migrate_state(_from_version: u32, value: Vec<u8>) -> Result<Vec<u8>, String> {
