@@ -812,10 +812,12 @@ impl Pipeline {
         // many keys was copied and faulted in again and again (5% of a 1M-key run).
         batch.changes.reserve(groups.len());
         let loaded = self.load(groups.iter().map(|(k, _)| k.as_str()))?;
-        let calls = self.calls_started();
-        let called = self.call_data_keys(batch, groups, loaded);
+        let calls: Vec<(&str, &[Event], Option<i64>)> =
+            groups.iter().map(|(key, events)| (key.as_str(), events.as_slice(), None)).collect();
+        let started = self.calls_started();
+        let called = self.call_keys(batch, &calls, loaded);
         // Timed also when a call failed the batch: its stage times include the attempt.
-        self.calls_done(calls);
+        self.calls_done(started);
         called?;
         let Some(threshold) = self.timeout_threshold(batch.plan.watermark_ms, batch.plan.processing_time_ms) else {
             return Ok(());
@@ -831,12 +833,12 @@ impl Pipeline {
             expired.into_iter().filter(|(_, k)| !data_keys.contains(k.as_str())).take(limit).collect();
         batch.changes.reserve(expired.len());
         let loaded = self.load(expired.iter().map(|(_, k)| k.as_str()))?;
-        let calls = self.calls_started();
-        let called = expired.iter().zip(loaded).try_for_each(|((deadline, key), before)| {
-            batch.timeout_keys += 1;
-            self.call_key(batch, key, &[], before, Some(*deadline))
-        });
-        self.calls_done(calls);
+        batch.timeout_keys += expired.len() as u64;
+        let calls: Vec<(&str, &[Event], Option<i64>)> =
+            expired.iter().map(|(deadline, key)| (key.as_str(), &[][..], Some(*deadline))).collect();
+        let started = self.calls_started();
+        let called = self.call_keys(batch, &calls, loaded);
+        self.calls_done(started);
         called
     }
 
@@ -892,30 +894,42 @@ impl Pipeline {
         Ok(loaded)
     }
 
-    /// Calls the plugin for each key with data, all in one [`StateFunction::call_many`]
-    /// (which a plugin may run as a few `process-batch` calls), and stages the results
-    /// in key order, as [`Pipeline::call_key`] does one by one.
-    fn call_data_keys(
+    /// Calls the plugin for each `(key, events, deadline)` (a deadline: a timeout call
+    /// for the timer that expired at it), all in one [`StateFunction::call_many`]
+    /// (which a plugin may run as a few `process-batch` calls), after migrating each
+    /// loaded state written by an older schema; then stages the results in order.
+    fn call_keys(
         &mut self,
         batch: &mut Batch,
-        groups: &crate::prepare::Groups,
+        calls: &[(&str, &[Event], Option<i64>)],
         loaded: Vec<Option<KeyRecord>>,
     ) -> Result<(), Error> {
+        for ((key, _, deadline), before) in calls.iter().zip(&loaded) {
+            let stored = before.as_ref().and_then(|r| r.timeout_ms);
+            if let Some(deadline) = *deadline
+                && stored != Some(deadline)
+            {
+                return Err(StoreError::Corrupt(format!(
+                    "timer index says key {key:?} expires at {deadline}, its record says {stored:?}"
+                ))
+                .into());
+            }
+        }
         let schema = self.swaps.info().state_schema_version;
         let values: Vec<Result<Option<Vec<u8>>, CallError>> =
             loaded.iter().map(|before| self.migrated_value(before.as_ref(), schema)).collect();
         let plan = &batch.plan;
-        let reqs: Vec<CallRequest<'_>> = groups
+        let reqs: Vec<CallRequest<'_>> = calls
             .iter()
             .zip(&values)
-            .filter_map(|((key, events), value)| {
+            .filter_map(|(&(key, events, deadline), value)| {
                 let value = value.as_ref().ok()?;
                 Some(CallRequest {
                     batch_id: plan.batch_id,
                     key,
                     events,
                     state: value.as_deref(),
-                    has_timed_out: false,
+                    has_timed_out: deadline.is_some(),
                     watermark_ms: plan.watermark_ms,
                     processing_time_ms: plan.processing_time_ms,
                 })
@@ -924,8 +938,12 @@ impl Pipeline {
         let outcomes = self.swaps.plugin().call_many(self.config.timeout, &reqs);
         drop(reqs);
         let mut outcomes = outcomes.into_iter();
-        for (((key, events), before), value) in groups.iter().zip(loaded).zip(values) {
-            batch.counters.data_calls += 1;
+        for ((&(key, events, deadline), before), value) in calls.iter().zip(loaded).zip(values) {
+            if deadline.is_some() {
+                batch.counters.timeout_calls += 1;
+            } else {
+                batch.counters.data_calls += 1;
+            }
             let called = value.and_then(|value| {
                 let outcome = outcomes.next().unwrap_or_else(|| {
                     Err(CallError::BadResult("the plugin returned fewer outcomes than calls".into()))
@@ -938,50 +956,6 @@ impl Pipeline {
             }
         }
         Ok(())
-    }
-
-    /// Migrates the key's loaded state if an older schema wrote it, calls the plugin
-    /// and stages the result; `deadline` is set for a timeout call.
-    fn call_key(
-        &mut self,
-        batch: &mut Batch,
-        key: &str,
-        events: &[Event],
-        before: Option<KeyRecord>,
-        deadline: Option<i64>,
-    ) -> Result<(), Error> {
-        if let Some(deadline) = deadline {
-            let stored = before.as_ref().and_then(|r| r.timeout_ms);
-            if stored != Some(deadline) {
-                return Err(StoreError::Corrupt(format!(
-                    "timer index says key {key:?} expires at {deadline}, its record says {stored:?}"
-                ))
-                .into());
-            }
-        }
-        let schema = self.swaps.info().state_schema_version;
-        let result = self.migrated_value(before.as_ref(), schema).and_then(|value| {
-            let req = CallRequest {
-                batch_id: batch.plan.batch_id,
-                key,
-                events,
-                state: value.as_deref(),
-                has_timed_out: deadline.is_some(),
-                watermark_ms: batch.plan.watermark_ms,
-                processing_time_ms: batch.plan.processing_time_ms,
-            };
-            let outcome = self.swaps.plugin().call(self.config.timeout, &req)?;
-            Ok((value, outcome))
-        });
-        if deadline.is_some() {
-            batch.counters.timeout_calls += 1;
-        } else {
-            batch.counters.data_calls += 1;
-        }
-        match result {
-            Ok((value, outcome)) => self.apply(batch, key, before, value, outcome, schema),
-            Err(cause) => self.call_failed(batch, key, events, before, cause),
-        }
     }
 
     /// Starts timing a run of calls: the clock, and the state load so far (which a
