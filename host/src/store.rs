@@ -834,6 +834,7 @@ impl Store {
         let thread = std::thread::Builder::new()
             .name("groupstate-fold".into())
             .spawn(move || {
+                yield_to_the_batches();
                 let done = folder.fold(&overlay, checkpoint.as_ref(), seq, chunks_max)?;
                 if done {
                     redo::remove(&folding_log)?;
@@ -1193,6 +1194,7 @@ impl<'t> PageCursor<'t> {
                 };
                 let page = entry.map_err(io("read a page"))?;
                 if above(&page) {
+                    warm_up(&page.1);
                     return Ok(Some(self.page.insert(page)));
                 }
             }
@@ -1200,13 +1202,48 @@ impl<'t> PageCursor<'t> {
         let mut iter = self.tree.range(pages_above(key));
         self.page = iter.next().transpose().map_err(io("read a page"))?;
         self.iter = Some(iter);
+        if let Some((_, bytes)) = &self.page {
+            warm_up(bytes);
+        }
         Ok(self.page.as_ref())
     }
+}
+
+/// Reads a page's cache lines in order before its keys are searched: a page from
+/// sled's cache is rarely in the CPU's, and a binary search over it waited on memory
+/// at each step (a sequential read lets the hardware prefetch the lines; at 10M events
+/// over 1M keys, loads took 9% less time, BENCHMARKS.md).
+fn warm_up(bytes: &[u8]) {
+    let mut any = 0u8;
+    for byte in bytes.iter().step_by(64) {
+        any ^= *byte;
+    }
+    std::hint::black_box(any);
 }
 
 /// The sled range of the pages whose fence is above `key`: the first is its page.
 fn pages_above(key: &str) -> (std::ops::Bound<Vec<u8>>, std::ops::Bound<Vec<u8>>) {
     (std::ops::Bound::Excluded(page_key(key.as_bytes())), std::ops::Bound::Included(page_key(LAST_FENCE)))
+}
+
+/// Lowers the calling thread's scheduling priority (nice 10): a fold on its own thread
+/// is background work, which the batch loop, the pipeline's critical path, should not
+/// wait behind on a machine with fewer cores than busy threads. A fold that falls
+/// behind still gets the CPU: the next fold due waits for it.
+fn yield_to_the_batches() {
+    #[cfg(target_os = "linux")]
+    {
+        #[allow(unsafe_code)]
+        // SAFETY: gettid and setpriority take and return plain integers; on Linux,
+        // PRIO_PROCESS with a thread id sets that thread's nice value only.
+        let refused = unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            libc::setpriority(libc::PRIO_PROCESS, tid, 10)
+        } != 0;
+        if refused {
+            tracing::debug!("the fold thread keeps its priority (setpriority refused)");
+        }
+    }
 }
 
 /// Frees what sled's writes left for its epoch-based collector. sled defers freeing
