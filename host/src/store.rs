@@ -21,7 +21,7 @@
 //! sled, replaces the fold marker and empties the log.
 //!
 //! When the overlay or the log outgrows its budget ([`Store::fold_if_due`]), the fold
-//! runs on a thread of its own, at a lower priority, while the batches go on: the
+//! runs on a thread of its own while the batches go on: the
 //! overlay is set aside for it, the log is moved aside to `redo.folding.log`, and the
 //! next commits go into a new overlay and a new `redo.log`. Reads see the overlay,
 //! then the one being folded, then sled; the fold changes in sled only the records of
@@ -835,7 +835,6 @@ impl Store {
         let thread = std::thread::Builder::new()
             .name("groupstate-fold".into())
             .spawn(move || {
-                yield_to_the_batches();
                 let done = folder.fold(&overlay, checkpoint.as_ref(), seq, chunks_max)?;
                 if done {
                     redo::remove(&folding_log)?;
@@ -1225,26 +1224,6 @@ fn warm_up(bytes: &[u8]) {
 /// The sled range of the pages whose fence is above `key`: the first is its page.
 fn pages_above(key: &str) -> (std::ops::Bound<Vec<u8>>, std::ops::Bound<Vec<u8>>) {
     (std::ops::Bound::Excluded(page_key(key.as_bytes())), std::ops::Bound::Included(page_key(LAST_FENCE)))
-}
-
-/// Lowers the calling thread's scheduling priority (nice 10): a fold on its own thread
-/// is background work, which the batch loop, the pipeline's critical path, should not
-/// wait behind on a machine with fewer cores than busy threads. A fold that falls
-/// behind still gets the CPU: the next fold due waits for it.
-fn yield_to_the_batches() {
-    #[cfg(target_os = "linux")]
-    {
-        #[allow(unsafe_code)]
-        // SAFETY: gettid and setpriority take and return plain integers; on Linux,
-        // PRIO_PROCESS with a thread id sets that thread's nice value only.
-        let refused = unsafe {
-            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-            libc::setpriority(libc::PRIO_PROCESS, tid, 10)
-        } != 0;
-        if refused {
-            tracing::debug!("the fold thread keeps its priority (setpriority refused)");
-        }
-    }
 }
 
 /// Frees what sled's writes left for its epoch-based collector. sled defers freeing
