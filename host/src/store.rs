@@ -21,16 +21,15 @@
 //! sled, replaces the fold marker and empties the log.
 //!
 //! When the overlay or the log outgrows its budget ([`Store::fold_if_due`]), the fold
-//! runs on a thread of its own while the batches go on: the
-//! overlay is set aside for it, the log is moved aside to `redo.folding.log`, and the
-//! next commits go into a new overlay and a new `redo.log`. Reads see the overlay,
-//! then the one being folded, then sled; the fold changes in sled only the records of
-//! the keys it holds (a split moves the others to a new page, unchanged). When it is
-//! done, `redo.folding.log` is removed; a crash before leaves both logs, and the next
-//! open replays them in order. One fold runs at a time: a fold due while another runs
-//! waits for it, so at most two overlays are held. At the end of a run
-//! ([`Store::flush`]) and when the store opens, after replaying the logs, the fold
-//! runs in place.
+//! runs on a thread of its own while the batches go on: the overlay is set aside for
+//! it, the log is moved aside to `redo.folding.log`, and the next commits go into a new
+//! overlay and a new `redo.log`. Reads see the overlay, then the one being folded, then
+//! sled; the fold changes in sled only the records of the keys it holds (a split moves
+//! the others to a new page, unchanged). When it is done, `redo.folding.log` is
+//! removed; a crash before leaves both logs, and the next open replays them in order.
+//! One fold runs at a time: a fold due while another runs waits for it, so at most two
+//! overlays are held. At the end of a run ([`Store::flush`]) and when the store opens,
+//! after replaying the logs, the fold runs in place.
 //!
 //! Firing timeouts scans the deadline index below the threshold only: the pages whose
 //! earliest deadline has passed, merged with the overlays' timers. O(pages with an

@@ -111,32 +111,48 @@ impl Plugin {
         let mut outcomes = Vec::with_capacity(reqs.len());
         let mut rest = reqs;
         while !rest.is_empty() {
-            let limits = &self.recipe.limits;
-            let (input, count) = encode(kind, rest, limits.state_bytes_max, limits.batch_calls_max);
-            let (chunk, after) = rest.split_at(count);
-            match (count > 1).then(|| self.call_batch(kind, chunk, &input)).flatten() {
+            // Without the export, the rest goes one by one, its input never encoded.
+            let (chunk, batched) = match self.batch_export() {
+                Some(process_batch) => {
+                    let limits = &self.recipe.limits;
+                    let (input, count) = encode(kind, rest, limits.state_bytes_max, limits.batch_calls_max);
+                    let chunk = &rest[..count];
+                    (chunk, (count > 1).then(|| self.call_batch(process_batch, kind, chunk, &input)).flatten())
+                }
+                None => (rest, None),
+            };
+            match batched {
                 Some(batch) => outcomes.extend(batch),
                 None => outcomes.extend(chunk.iter().map(|req| self.call(kind, req))),
             }
-            rest = after;
+            rest = &rest[chunk.len()..];
         }
         outcomes
     }
 
-    /// One `process-batch` call; `None` when the plugin has no such export, or the
-    /// batch failed and must be redone key by key.
+    /// The live instance's `process-batch`, unless the component has none, its
+    /// results once did not read, or `batch_calls_max` is 1.
+    fn batch_export(&mut self) -> Option<ProcessBatch> {
+        if self.batch_unreadable || self.recipe.limits.batch_calls_max < 2 {
+            return None;
+        }
+        match self.live().ok()?.bindings {
+            super::Bindings::V1(_, _, process_batch) => process_batch,
+            super::Bindings::V2(..) => None,
+        }
+    }
+
+    /// One `process-batch` call; `None` when the batch failed and must be redone key
+    /// by key.
     fn call_batch(
         &mut self,
+        process_batch: ProcessBatch,
         kind: TimeoutKind,
         reqs: &[CallRequest<'_>],
         input: &[u8],
     ) -> Option<Vec<Result<CallOutcome, CallError>>> {
-        if self.batch_unreadable {
-            return None;
-        }
         let ticks = self.deadline_ticks();
         let live = self.live().ok()?;
-        let process_batch = live.batch?;
         let (mut keys, mut ends) = (String::new(), Vec::with_capacity(reqs.len()));
         for req in reqs {
             keys.push_str(req.key);
@@ -209,7 +225,7 @@ fn encode(kind: TimeoutKind, reqs: &[CallRequest<'_>], state_bytes_max: u64, cal
     let count_at = out.len();
     out.extend_from_slice(&0u32.to_le_bytes());
     let mut count = 0;
-    for req in reqs.iter().take(calls_max.max(1)) {
+    for req in reqs.iter().take(calls_max) {
         if count > 0 && out.len() >= INPUT_BYTES_MAX {
             break;
         }

@@ -575,7 +575,8 @@ enum Pre {
 
 /// An instance's exports, per the world it targets, with its typed `process`.
 enum Bindings {
-    V1(StateFunction, Process<GroupStateHandle>),
+    /// With its `process-batch`, if it exports one.
+    V1(StateFunction, Process<GroupStateHandle>, Option<batch::ProcessBatch>),
     V2(v2::bindings::KeyedStateFunction, Process<v2::KeyStateHandle>),
 }
 
@@ -583,8 +584,6 @@ enum Bindings {
 struct Live {
     store: Store<HostState>,
     bindings: Bindings,
-    /// A 0.1 plugin's `process-batch`, if it exports one.
-    batch: Option<batch::ProcessBatch>,
     /// The variables a 0.2 plugin's `init` declared (none for 0.1).
     variables: Vec<crate::keyed::Variable>,
     env: Arc<VirtualEnv>,
@@ -750,7 +749,7 @@ impl Recipe {
                     .call_init(&mut store, &self.params)
                     .map_err(|e| init_trapped(&e))?
                     .map_err(|message| StartError::Init(clip_message(&message)))?;
-                Ok(Live { store, bindings: Bindings::V1(bindings, process), batch, variables: Vec::new(), env, info })
+                Ok(Live { store, bindings: Bindings::V1(bindings, process, batch), variables: Vec::new(), env, info })
             }
             Pre::V2(pre) => {
                 let instantiate = |store: &mut Store<HostState>| {
@@ -775,7 +774,7 @@ impl Recipe {
                     .map(Into::into)
                     .collect();
                 crate::keyed::check_variables(&variables).map_err(|m| StartError::Init(clip_message(&m)))?;
-                Ok(Live { store, bindings: Bindings::V2(bindings, process), batch: None, variables, env, info })
+                Ok(Live { store, bindings: Bindings::V2(bindings, process), variables, env, info })
             }
         }
     }
@@ -854,7 +853,7 @@ impl Plugin {
     pub fn call(&mut self, kind: TimeoutKind, req: &CallRequest<'_>) -> Result<CallOutcome, CallError> {
         let (ticks, state_bytes_max) = (self.deadline_ticks(), self.recipe.limits.state_bytes_max);
         let live = self.live()?;
-        let Bindings::V1(_, process) = live.bindings else {
+        let Bindings::V1(_, process, _) = live.bindings else {
             return Err(CallError::BadResult("the plugin targets groupstate:plugin@0.2.0, not 0.1.0".into()));
         };
         live.env.prepare_call(req.processing_time_ms, req.batch_id, req.key);
@@ -922,7 +921,7 @@ impl Plugin {
     pub fn migrate(&mut self, from_version: u32, value: &[u8]) -> Result<Vec<u8>, CallError> {
         let ticks = self.deadline_ticks();
         let live = self.live()?;
-        let Bindings::V1(bindings, _) = &live.bindings else {
+        let Bindings::V1(bindings, ..) = &live.bindings else {
             return Err(CallError::Returned(
                 "a groupstate:plugin@0.2.0 plugin converts its entries per variable (migrate-state with the variable's name), not whole values".into(),
             ));
