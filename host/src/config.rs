@@ -223,10 +223,13 @@ pub struct Limits {
     /// checked with before a hot swap (off the processing path); a slower one is
     /// refused (default 10 000 ms).
     pub migration_check_ms_max: u64,
-    /// sled's page cache (default 64 MiB).
+    /// sled's page cache (default 192 MiB): the process's budget, which a Kafka input
+    /// splits evenly over the partitions it may run at once (see
+    /// `partitions::partition_cache_bytes`).
     pub store_cache_bytes: u64,
-    /// Memory for committed state changes not yet folded into sled (default 16 MiB):
-    /// a key updated in many batches within it is written to sled once.
+    /// Memory for committed state changes not yet folded into sled (default 24 MiB),
+    /// per state dir (per partition with a Kafka input): a key updated in many batches
+    /// within it is written to sled once.
     pub store_buffer_bytes: u64,
     /// Size of the store's redo log before it is folded into sled (default 64 MiB); a
     /// restart replays at most this much.
@@ -253,8 +256,8 @@ impl Default for Limits {
             ttl_expirations_per_batch_max: 100_000,
             initial_state_bytes_max: 1 << 30,
             migration_check_ms_max: 10_000,
-            store_cache_bytes: 64 << 20,
-            store_buffer_bytes: 16 << 20,
+            store_cache_bytes: 192 << 20,
+            store_buffer_bytes: 24 << 20,
             store_log_bytes: 64 << 20,
         }
     }

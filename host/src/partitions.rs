@@ -292,6 +292,14 @@ fn run_partition(
     Ok((pipeline.checkpoint().clone(), batches))
 }
 
+/// The sled cache of each partition's store: the process's `store_cache_bytes` split
+/// evenly over the partitions it may run at once (the topic's, or fewer with
+/// `--partition-workers`), so that the caches together stay within it whatever the
+/// group assigns; at least 1 MiB each (the least the limit allows).
+pub fn partition_cache_bytes(total: u64, at_once: usize) -> u64 {
+    (total / u64::try_from(at_once.max(1)).unwrap_or(u64::MAX)).max(1 << 20)
+}
+
 /// Restores the partition's store from the changelog when it is missing or behind
 /// what the group has committed.
 fn restore_if_behind(
@@ -450,7 +458,10 @@ pub fn run(
             _ => None,
         })
         .collect();
-    crate::kafka::prepare_topics(&input, &outputs)?;
+    let partitions = crate::kafka::prepare_topics(&input, &outputs)?;
+    let mut config = config;
+    config.limits.store_cache_bytes =
+        partition_cache_bytes(config.limits.store_cache_bytes, partitions.min(options.workers_max));
     let (events, events_rx) = mpsc::channel();
     let shared = Arc::new(Shared {
         slots: Slots { free: Mutex::new(options.workers_max), freed: Condvar::new() },
@@ -564,5 +575,20 @@ fn handle_event(event: Ended, failure: &mut Option<Error>, summary: &mut Summary
         Err(e) => {
             failure.get_or_insert(e);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_budget_is_split_over_the_partitions_run_at_once() {
+        assert_eq!(partition_cache_bytes(192 << 20, 1), 192 << 20);
+        assert_eq!(partition_cache_bytes(192 << 20, 8), 24 << 20);
+        // Never below the least the limit allows, nor divided by zero.
+        assert_eq!(partition_cache_bytes(192 << 20, 1000), 1 << 20);
+        assert_eq!(partition_cache_bytes(4 << 20, 0), 4 << 20);
+        assert_eq!(partition_cache_bytes(192 << 20, usize::MAX), 1 << 20);
     }
 }
