@@ -414,6 +414,8 @@ impl Bound {
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
+/// The least `store_cache_bytes` may be (a Kafka input's split gives no partition less).
+pub(crate) const STORE_CACHE_BYTES_MIN: u64 = MIB;
 const DAY_MS: i64 = 86_400_000;
 
 impl PipelineConfig {
@@ -564,7 +566,7 @@ impl PipelineConfig {
             Bound::new("batch_calls_max", l.batch_calls_max as u64, 1, 65_536),
             Bound::new("ttl_expirations_per_batch_max", l.ttl_expirations_per_batch_max as u64, 1, 10_000_000),
             Bound::new("initial_state_bytes_max", l.initial_state_bytes_max, 1, 64u64 << 30),
-            Bound::new("store_cache_bytes", l.store_cache_bytes, MIB, 64 * GIB),
+            Bound::new("store_cache_bytes", l.store_cache_bytes, STORE_CACHE_BYTES_MIN, 64 * GIB),
             Bound::new("store_buffer_bytes", l.store_buffer_bytes, 0, 16 * GIB),
             Bound::new("store_log_bytes", l.store_log_bytes, 0, 16 * GIB),
         ]

@@ -295,9 +295,9 @@ fn run_partition(
 /// The sled cache of each partition's store: the process's `store_cache_bytes` split
 /// evenly over the partitions it may run at once (the topic's, or fewer with
 /// `--partition-workers`), so that the caches together stay within it whatever the
-/// group assigns; at least 1 MiB each (the least the limit allows).
-pub fn partition_cache_bytes(total: u64, at_once: usize) -> u64 {
-    (total / u64::try_from(at_once.max(1)).unwrap_or(u64::MAX)).max(1 << 20)
+/// group assigns; at least the least the limit allows each.
+fn partition_cache_bytes(total: u64, at_once: usize) -> u64 {
+    (total / u64::try_from(at_once.max(1)).unwrap_or(u64::MAX)).max(crate::config::STORE_CACHE_BYTES_MIN)
 }
 
 /// Restores the partition's store from the changelog when it is missing or behind
