@@ -232,6 +232,10 @@ impl std::fmt::Debug for Pipeline {
     }
 }
 
+/// Keys called and staged as one run (see [`Pipeline::call_keys`]): a few of the
+/// plugin's `process-batch` runs (`batch_calls_max`, 512 by default).
+const CALL_RUN_KEYS: usize = 2048;
+
 /// Batches at the start of a run that read fewer records than `batch_events_max`.
 const RAMP_BATCHES: u64 = 4;
 
@@ -916,25 +920,41 @@ impl Pipeline {
             }
         }
         let schema = self.swaps.info().state_schema_version;
+        // In runs of a few hundred keys: the per-call vectors of a whole batch over
+        // many keys (several MiB each) were faulted in afresh every batch, and handed
+        // back to the system after it.
+        let mut loaded = loaded.into_iter();
+        for calls in calls.chunks(CALL_RUN_KEYS) {
+            let loaded: Vec<Option<KeyRecord>> = loaded.by_ref().take(calls.len()).collect();
+            self.call_run(batch, calls, loaded, schema)?;
+        }
+        Ok(())
+    }
+
+    /// [`Pipeline::call_keys`] for one run of keys.
+    fn call_run(
+        &mut self,
+        batch: &mut Batch,
+        calls: &[(&str, &[Event], Option<i64>)],
+        loaded: Vec<Option<KeyRecord>>,
+        schema: u32,
+    ) -> Result<(), Error> {
         let values: Vec<Result<Option<Vec<u8>>, CallError>> =
             loaded.iter().map(|before| self.migrated_value(before.as_ref(), schema)).collect();
         let plan = &batch.plan;
-        let reqs: Vec<CallRequest<'_>> = calls
-            .iter()
-            .zip(&values)
-            .filter_map(|(&(key, events, deadline), value)| {
-                let value = value.as_ref().ok()?;
-                Some(CallRequest {
-                    batch_id: plan.batch_id,
-                    key,
-                    events,
-                    state: value.as_deref(),
-                    has_timed_out: deadline.is_some(),
-                    watermark_ms: plan.watermark_ms,
-                    processing_time_ms: plan.processing_time_ms,
-                })
+        let mut reqs: Vec<CallRequest<'_>> = Vec::with_capacity(calls.len());
+        reqs.extend(calls.iter().zip(&values).filter_map(|(&(key, events, deadline), value)| {
+            let value = value.as_ref().ok()?;
+            Some(CallRequest {
+                batch_id: plan.batch_id,
+                key,
+                events,
+                state: value.as_deref(),
+                has_timed_out: deadline.is_some(),
+                watermark_ms: plan.watermark_ms,
+                processing_time_ms: plan.processing_time_ms,
             })
-            .collect();
+        }));
         let outcomes = self.swaps.plugin().call_many(self.config.timeout, &reqs);
         drop(reqs);
         let mut outcomes = outcomes.into_iter();
