@@ -447,7 +447,8 @@ fn prefill(dir: &Path, keys: u64) {
         };
         changes.push(KeyChange { key: format!("idle-{i:08}"), before: None, after: Some(record) });
         if changes.len() == 100_000 || i + 1 == keys {
-            store.commit(std::mem::take(&mut changes), &checkpoint, false).expect("commit");
+            store.commit(&changes, &checkpoint, false).expect("commit");
+            changes.clear();
             store.fold_if_due().expect("fold");
         }
     }

@@ -224,6 +224,9 @@ pub struct Pipeline {
     /// The first batch this run planned: its first batches are smaller (see
     /// [`ramped_records_max`]).
     run_first_batch_id: u64,
+    /// The last committed batch's change vector, emptied, for the next batch: a
+    /// batch over many keys has about one change per key (several MiB of them).
+    spare_changes: Vec<KeyChange>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -385,6 +388,7 @@ impl Pipeline {
         let input = Preparer::new(source, decoder, clock.clone())?;
         Ok(Self {
             run_first_batch_id: checkpoint.next_batch_id,
+            spare_changes: Vec::new(),
             config,
             clock,
             store,
@@ -453,7 +457,7 @@ impl Pipeline {
             }
         };
         self.stages.plugin_ns += self.since(started);
-        self.store.commit(changes, &self.checkpoint, self.config.durable_commits)?;
+        self.store.commit(&changes, &self.checkpoint, self.config.durable_commits)?;
         Ok(states.len() as u64)
     }
 
@@ -622,7 +626,7 @@ impl Pipeline {
     /// batch reads (a restart after this commit reads it too).
     fn continue_with_rotated_input(&mut self, rotation: crate::source::Rotation) -> Result<(), Error> {
         let next = Checkpoint { input_offset: 0, input_digest: 0, ..self.checkpoint.clone() };
-        self.store.commit(Vec::new(), &next, self.config.durable_commits)?;
+        self.store.commit(&[], &next, self.config.durable_commits)?;
         tracing::info!(
             "input {} was {rotation} after offset {}: continuing with the file now at that path, from its start",
             self.config.input,
@@ -728,6 +732,7 @@ impl Pipeline {
         let late = prepared.late_lines.len() as u64;
         let counters_before = self.checkpoint.counters;
         let mut batch = Batch::new(plan, counters_before, max_event_time_ms);
+        batch.changes = std::mem::take(&mut self.spare_changes);
         batch.input_digest = prepared.input_digest;
         batch.bad_records = prepared.bad_lines.len() as u64;
         batch.counters.records += records;
@@ -748,6 +753,7 @@ impl Pipeline {
             }
             return Err(e);
         }
+        self.spare_changes = std::mem::take(&mut batch.changes);
         self.note_pace(
             batch.plan.batch_id,
             self.stages.plugin_ns - plugin_ns_before,
@@ -1091,7 +1097,8 @@ impl Pipeline {
         };
         (batch.keys_delta, batch.timers_delta) = stored_deltas(&batch.changes);
         self.export(plan, &batch.changes, &next)?;
-        self.store.commit(std::mem::take(&mut batch.changes), &next, durable)?;
+        self.store.commit(&batch.changes, &next, durable)?;
+        batch.changes.clear();
         self.sinks.committed();
         // The new plugin has committed a batch: no rollback from here on.
         self.swaps.committed();

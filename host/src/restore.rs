@@ -308,7 +308,7 @@ impl Restoring<'_> {
         }
         self.done.batches += 1;
         self.done.changes += attempt.changes.len() as u64;
-        self.store.commit(attempt.changes, &checkpoint, false)?;
+        self.store.commit(&attempt.changes, &checkpoint, false)?;
         self.store.fold_if_due()?;
         self.checkpoint = checkpoint;
         Ok(())

@@ -777,8 +777,8 @@ impl Store {
     /// below the checkpoint's). With `durable`, waits until it is on disk. A commit
     /// ends with the log append: folding is [`Store::fold_if_due`]'s, so that a fold
     /// that fails cannot be taken for a commit that failed.
-    pub fn commit(&mut self, changes: Vec<KeyChange>, checkpoint: &Checkpoint, durable: bool) -> Result<()> {
-        for change in &changes {
+    pub fn commit(&mut self, changes: &[KeyChange], checkpoint: &Checkpoint, durable: bool) -> Result<()> {
+        for change in changes {
             // Assert at the storage boundary: an empty record must be a delete.
             assert!(
                 change.after.as_ref().is_none_or(|r| !r.is_empty()),
@@ -787,10 +787,10 @@ impl Store {
             );
             assert!(change.key.len() <= KEY_BYTES_MAX, "over-long key reached the store");
         }
-        self.log.append(self.seq + 1, &changes, checkpoint, durable)?;
+        self.log.append(self.seq + 1, changes, checkpoint, durable)?;
         self.seq += 1;
         let overlay = Arc::make_mut(&mut self.overlay);
-        for change in &changes {
+        for change in changes {
             overlay.apply(&change.key, change.after.as_ref());
         }
         self.checkpoint = Some(checkpoint.clone());
@@ -1358,7 +1358,7 @@ mod tests {
             // A plain (0.1) key beside them, which no prefix range may return.
             changes.push(KeyChange { key: format!("g1{batch}"), before: None, after: rec(Some(b"plain"), None) });
             let cp = Checkpoint { next_batch_id: batch + 1, ..Checkpoint::default() };
-            store.commit(changes, &cp, false).unwrap();
+            store.commit(&changes, &cp, false).unwrap();
             if batch % 50 == 49 {
                 store.flush().unwrap();
             } else {
@@ -1451,7 +1451,7 @@ mod tests {
                 KeyChange { key: "c".into(), before: None, after: rec(Some(b"3"), None) },
             ];
             let cp = Checkpoint { next_batch_id: 1, input_offset: 10, ..Checkpoint::default() };
-            store.commit(changes, &cp, true).unwrap();
+            store.commit(&changes, &cp, true).unwrap();
             assert_eq!(store.expired_timers(100, 10).unwrap(), vec![(50, "b".to_owned())]);
             assert_eq!(store.expired_timers(101, 1).unwrap(), vec![(50, "b".to_owned())]);
             // Move a's timer, drop b entirely.
@@ -1460,7 +1460,7 @@ mod tests {
                 KeyChange { key: "b".into(), before: rec(None, Some(50)), after: None },
             ];
             let cp2 = Checkpoint { next_batch_id: 2, input_offset: 20, ..Checkpoint::default() };
-            store.commit(changes, &cp2, true).unwrap();
+            store.commit(&changes, &cp2, true).unwrap();
         }
         let store = Store::open(dir.path(), 1 << 20, 1 << 20, 1 << 20).unwrap();
         assert_eq!(store.checkpoint().unwrap().unwrap().input_offset, 20);
@@ -1504,9 +1504,9 @@ mod tests {
         let cp2 = Checkpoint { next_batch_id: 2, input_offset: 20, ..Checkpoint::default() };
         let (after_first, after_second) = {
             let mut store = Store::open(&store_dir, 1 << 20, 1 << 20, 1 << 20).unwrap();
-            store.commit(first, &cp1, true).unwrap();
+            store.commit(&first, &cp1, true).unwrap();
             let after_first = std::fs::metadata(&log).unwrap().len();
-            store.commit(second, &cp2, true).unwrap();
+            store.commit(&second, &cp2, true).unwrap();
             (after_first, std::fs::metadata(&log).unwrap().len())
         };
         assert!(after_first > 0 && after_second > after_first);
@@ -1594,7 +1594,7 @@ mod tests {
         {
             let mut store = Store::open(&store_dir, 1 << 20, 0, 1 << 20).unwrap();
             store
-                .commit(vec![KeyChange { key: "a".into(), before: None, after: rec(Some(b"1"), None) }], &cp(1), true)
+                .commit(&[KeyChange { key: "a".into(), before: None, after: rec(Some(b"1"), None) }], &cp(1), true)
                 .unwrap();
             store.fold_if_due().unwrap();
         }
@@ -1602,7 +1602,7 @@ mod tests {
         {
             let mut store = Store::open(&store_dir, 1 << 20, 0, 1 << 20).unwrap();
             store
-                .commit(vec![KeyChange { key: "b".into(), before: None, after: rec(Some(b"2"), None) }], &cp(2), true)
+                .commit(&[KeyChange { key: "b".into(), before: None, after: rec(Some(b"2"), None) }], &cp(2), true)
                 .unwrap();
             store.fold_if_due().unwrap();
         }
@@ -1634,7 +1634,7 @@ mod tests {
         let plan = BatchPlan { batch_id: 0, start_offset: 0, end_offset: 5, processing_time_ms: 1, watermark_ms: 0 };
         store.write_plan(&plan).unwrap();
         assert_eq!(store.pending_plan().unwrap(), Some(plan));
-        store.commit(Vec::new(), &Checkpoint { next_batch_id: 1, ..Checkpoint::default() }, false).unwrap();
+        store.commit(&[], &Checkpoint { next_batch_id: 1, ..Checkpoint::default() }, false).unwrap();
         assert_eq!(store.pending_plan().unwrap(), None);
     }
 }
@@ -1693,7 +1693,7 @@ mod model {
             .collect();
         model.checkpoint.next_batch_id += 1;
         model.checkpoint.input_offset += rng.range(0, 100) as u64;
-        store.commit(changes, &model.checkpoint, rng.range(0, 2) == 0).unwrap();
+        store.commit(&changes, &model.checkpoint, rng.range(0, 2) == 0).unwrap();
         store.fold_if_due().unwrap();
         for (k, after) in std::mem::take(&mut model.pending) {
             match after {
