@@ -224,9 +224,34 @@ pub struct Pipeline {
     /// The first batch this run planned: its first batches are smaller (see
     /// [`ramped_records_max`]).
     run_first_batch_id: u64,
-    /// The last committed batch's change vector, emptied, for the next batch: a
-    /// batch over many keys has about one change per key (several MiB of them).
-    spare_changes: Vec<KeyChange>,
+    /// The vectors of the last batch, emptied, for the next one.
+    spare: Spare,
+}
+
+/// A call of [`Pipeline::call_keys`]: key, events, and the deadline of the timer that
+/// expired (a timeout call).
+type Call<'a> = (&'a str, &'a [Event], Option<i64>);
+
+/// The vectors a batch fills and empties, kept for the next batch. Over many keys each
+/// holds a batch's worth of items (MiBs); allocated afresh every batch, they were
+/// faulted in again each time, and handed back to the system after it (allocation
+/// and page faults were the largest cost of a batch over a million keys after the
+/// plugin itself: BENCHMARKS.md). Those of borrowed items are kept as `'static`
+/// and [`relabel`]ed to the batch's lifetime and back.
+#[derive(Default)]
+struct Spare {
+    changes: Vec<KeyChange>,
+    loaded: Vec<Option<KeyRecord>>,
+    keys: Vec<&'static str>,
+    calls: Vec<Call<'static>>,
+}
+
+/// `v` emptied, as a vector of another item type of the same layout: the standard
+/// library collects a vector's `into_iter` in place, in its own allocation, when the
+/// layouts agree (a unit test checks that the capacity stays).
+fn relabel<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter().filter_map(|_| None).collect()
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -388,7 +413,7 @@ impl Pipeline {
         let input = Preparer::new(source, decoder, clock.clone())?;
         Ok(Self {
             run_first_batch_id: checkpoint.next_batch_id,
-            spare_changes: Vec::new(),
+            spare: Spare::default(),
             config,
             clock,
             store,
@@ -732,7 +757,7 @@ impl Pipeline {
         let late = prepared.late_lines.len() as u64;
         let counters_before = self.checkpoint.counters;
         let mut batch = Batch::new(plan, counters_before, max_event_time_ms);
-        batch.changes = std::mem::take(&mut self.spare_changes);
+        batch.changes = std::mem::take(&mut self.spare.changes);
         batch.input_digest = prepared.input_digest;
         batch.bad_records = prepared.bad_lines.len() as u64;
         batch.counters.records += records;
@@ -753,7 +778,7 @@ impl Pipeline {
             }
             return Err(e);
         }
-        self.spare_changes = std::mem::take(&mut batch.changes);
+        self.spare.changes = std::mem::take(&mut batch.changes);
         self.note_pace(
             batch.plan.batch_id,
             self.stages.plugin_ns - plugin_ns_before,
@@ -822,10 +847,11 @@ impl Pipeline {
         // many keys was copied and faulted in again and again (5% of a 1M-key run).
         batch.changes.reserve(groups.len());
         let loaded = self.load(groups.iter().map(|(k, _)| k.as_str()))?;
-        let calls: Vec<(&str, &[Event], Option<i64>)> =
-            groups.iter().map(|(key, events)| (key.as_str(), events.as_slice(), None)).collect();
+        let mut calls: Vec<Call<'_>> = relabel(std::mem::take(&mut self.spare.calls));
+        calls.extend(groups.iter().map(|(key, events)| (key.as_str(), events.as_slice(), None)));
         let started = self.calls_started();
         let called = self.call_keys(batch, &calls, loaded);
+        self.spare.calls = relabel(calls);
         // Timed also when a call failed the batch: its stage times include the attempt.
         self.calls_done(started);
         called?;
@@ -844,10 +870,11 @@ impl Pipeline {
         batch.changes.reserve(expired.len());
         let loaded = self.load(expired.iter().map(|(_, k)| k.as_str()))?;
         batch.timeout_keys += expired.len() as u64;
-        let calls: Vec<(&str, &[Event], Option<i64>)> =
-            expired.iter().map(|(deadline, key)| (key.as_str(), &[][..], Some(*deadline))).collect();
+        let mut calls: Vec<Call<'_>> = relabel(std::mem::take(&mut self.spare.calls));
+        calls.extend(expired.iter().map(|(deadline, key)| (key.as_str(), &[][..], Some(*deadline))));
         let started = self.calls_started();
         let called = self.call_keys(batch, &calls, loaded);
+        self.spare.calls = relabel(calls);
         self.calls_done(started);
         called
     }
@@ -898,9 +925,13 @@ impl Pipeline {
     /// Loads the committed records of a batch's keys at once (see `Store::get_many`).
     fn load<'k>(&mut self, keys: impl Iterator<Item = &'k str>) -> Result<Vec<Option<KeyRecord>>, Error> {
         let started = self.clock.monotonic_ns();
-        let keys: Vec<&str> = keys.collect();
-        let loaded = self.store.get_many(&keys)?;
+        let mut asked: Vec<&str> = relabel(std::mem::take(&mut self.spare.keys));
+        asked.extend(keys);
+        let mut loaded = std::mem::take(&mut self.spare.loaded);
+        let result = self.store.get_many(&asked, &mut loaded);
+        self.spare.keys = relabel(asked);
         self.stages.state_load_ns += self.since(started);
+        result?;
         Ok(loaded)
     }
 
@@ -911,8 +942,8 @@ impl Pipeline {
     fn call_keys(
         &mut self,
         batch: &mut Batch,
-        calls: &[(&str, &[Event], Option<i64>)],
-        loaded: Vec<Option<KeyRecord>>,
+        calls: &[Call<'_>],
+        mut loaded: Vec<Option<KeyRecord>>,
     ) -> Result<(), Error> {
         for ((key, _, deadline), before) in calls.iter().zip(&loaded) {
             let stored = before.as_ref().and_then(|r| r.timeout_ms);
@@ -929,11 +960,13 @@ impl Pipeline {
         // In runs of a few hundred keys: the per-call vectors of a whole batch over
         // many keys (several MiB each) were faulted in afresh every batch, and handed
         // back to the system after it.
-        let mut loaded = loaded.into_iter();
+        let mut rest = loaded.drain(..);
         for calls in calls.chunks(CALL_RUN_KEYS) {
-            let loaded: Vec<Option<KeyRecord>> = loaded.by_ref().take(calls.len()).collect();
+            let loaded: Vec<Option<KeyRecord>> = rest.by_ref().take(calls.len()).collect();
             self.call_run(batch, calls, loaded, schema)?;
         }
+        drop(rest);
+        self.spare.loaded = loaded;
         Ok(())
     }
 
@@ -941,7 +974,7 @@ impl Pipeline {
     fn call_run(
         &mut self,
         batch: &mut Batch,
-        calls: &[(&str, &[Event], Option<i64>)],
+        calls: &[Call<'_>],
         loaded: Vec<Option<KeyRecord>>,
         schema: u32,
     ) -> Result<(), Error> {
@@ -1359,6 +1392,20 @@ fn check_streams(config: &PipelineConfig) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A relabelled vector is the same allocation, emptied, both ways.
+    #[test]
+    fn relabel_keeps_the_allocation() {
+        let text = String::from("key");
+        let mut calls: Vec<Call<'_>> = relabel(Vec::<Call<'static>>::with_capacity(1000));
+        assert!(calls.capacity() >= 1000);
+        calls.extend((0..1000).map(|_| (text.as_str(), &[][..], None)));
+        let address = calls.as_ptr().cast::<u8>();
+        let spare: Vec<Call<'static>> = relabel(calls);
+        assert!(spare.is_empty());
+        assert!(spare.capacity() >= 1000, "capacity {}", spare.capacity());
+        assert_eq!(spare.as_ptr().cast::<u8>(), address);
+    }
 
     #[test]
     fn a_runs_first_batches_ramp_up_to_batch_events_max_and_small_ones_do_not() {

@@ -687,15 +687,20 @@ impl Store {
 
     /// Loads a key's committed record.
     pub fn get(&self, key: &str) -> Result<Option<KeyRecord>> {
-        Ok(self.get_many(&[key])?.pop().flatten())
+        let mut out = Vec::with_capacity(1);
+        self.get_many(&[key], &mut out)?;
+        Ok(out.pop().flatten())
     }
 
-    /// Loads the committed records of `keys`, in the order given. The keys not in
+    /// Appends the committed records of `keys` to `out`, in the order given (`out` is
+    /// the caller's, so that a batch loop can keep its allocation). The keys not in
     /// the overlay are looked up in key order, each page read from sled once for all
     /// of its keys: a batch over a million keys touches each page once, not once per
     /// key.
-    pub fn get_many(&self, keys: &[&str]) -> Result<Vec<Option<KeyRecord>>> {
-        let mut out = vec![None; keys.len()];
+    pub fn get_many(&self, keys: &[&str], out: &mut Vec<Option<KeyRecord>>) -> Result<()> {
+        let base = out.len();
+        out.resize(base + keys.len(), None);
+        let out = &mut out[base..];
         let mut stored: Vec<usize> = Vec::with_capacity(keys.len());
         for (i, key) in keys.iter().enumerate() {
             match self.buffered_record(key) {
@@ -713,7 +718,7 @@ impl Store {
                 None => break,
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Up to `limit` timers with a deadline strictly below `threshold_ms`, in
@@ -1771,7 +1776,10 @@ mod model {
                         asked.swap(i, rng.range(0, i as i64 + 1) as usize);
                     }
                     let want: Vec<Option<KeyRecord>> = asked.iter().map(|k| model.committed.get(*k).cloned()).collect();
-                    assert_eq!(store.get_many(&asked).unwrap(), want, "{context}");
+                    // Appended after what `out` held.
+                    let mut got = vec![None];
+                    store.get_many(&asked, &mut got).unwrap();
+                    assert_eq!(got.split_off(1), want, "{context}");
                     // The merged views (sled and the unfolded commits) as well.
                     store.check_consistency().unwrap_or_else(|e| panic!("{context}: {e}"));
                     let stored: Vec<(String, KeyRecord)> = store.iter_keys().map(Result::unwrap).collect();
