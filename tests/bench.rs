@@ -43,7 +43,7 @@ use serde::Deserialize;
 
 /// The same allocator as the `groupstate` binary.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: groupstate::allocator::Allocator = groupstate::allocator::Allocator;
 
 const GAP_MS: i64 = 600_000;
 const WINDOW_MS: i64 = 60_000;

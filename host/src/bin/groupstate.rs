@@ -22,10 +22,11 @@ use groupstate::workload::{SensorSpec, generate_sensor};
 use groupstate::{Clock, Pipeline, SystemClock};
 use logging::{LogFormat, PROGRESS_TARGET};
 
-/// glibc's malloc slows down badly once sled has churned through millions of small
-/// allocations (batch time grew with the number of idle keys); mimalloc stays flat.
+/// mimalloc (`allocator.rs`): glibc's malloc slows down badly once sled has churned
+/// through millions of small allocations (batch time grew with the number of idle
+/// keys); mimalloc stays flat.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: groupstate::allocator::Allocator = groupstate::allocator::Allocator;
 
 /// Per-key state machines over a stream, as sandboxed WebAssembly components.
 #[derive(Parser)]
