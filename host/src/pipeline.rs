@@ -234,10 +234,9 @@ type Call<'a> = (&'a str, &'a [Event], Option<i64>);
 
 /// The vectors a batch fills and empties, kept for the next batch. Over many keys each
 /// holds a batch's worth of items (MiBs); allocated afresh every batch, they were
-/// faulted in again each time, and handed back to the system after it (allocation
-/// and page faults were the largest cost of a batch over a million keys after the
-/// plugin itself: BENCHMARKS.md). Those of borrowed items are kept as `'static`
-/// and [`relabel`]ed to the batch's lifetime and back.
+/// faulted in again each time, and mimalloc handed them back to the system after its
+/// purge delay (BENCHMARKS.md has what keeping them saved). Those of borrowed items
+/// are kept as `'static` and [`relabel`]ed to the batch's lifetime and back.
 #[derive(Default)]
 struct Spare {
     changes: Vec<KeyChange>,
@@ -957,9 +956,9 @@ impl Pipeline {
             }
         }
         let schema = self.swaps.info().state_schema_version;
-        // In runs of a few hundred keys: the per-call vectors of a whole batch over
-        // many keys (several MiB each) were faulted in afresh every batch, and handed
-        // back to the system after it.
+        // In runs of `CALL_RUN_KEYS`: the per-call vectors of a whole batch over many
+        // keys (MiBs each) were faulted in afresh every batch, and handed back to the
+        // system after it.
         let mut rest = loaded.drain(..);
         for calls in calls.chunks(CALL_RUN_KEYS) {
             let loaded: Vec<Option<KeyRecord>> = rest.by_ref().take(calls.len()).collect();
