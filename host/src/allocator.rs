@@ -33,9 +33,9 @@ const IO_BUFFERS_KEPT: usize = 16;
 
 static KEPT: [AtomicPtr<u8>; IO_BUFFERS_KEPT] = [const { AtomicPtr::new(ptr::null_mut()) }; IO_BUFFERS_KEPT];
 
-/// The global allocator of the binaries: mimalloc, which keeps a few of sled's freed
-/// log buffers for the next ones ([`IO_BUFFER_BYTES`]). Everything else goes straight
-/// to mimalloc.
+/// The global allocator of the binaries: mimalloc, in front of which this keeps a few
+/// of sled's freed log buffers for the next ones ([`IO_BUFFER_BYTES`]). Everything
+/// else goes straight to mimalloc.
 pub struct Allocator;
 
 fn is_io_buffer(layout: Layout) -> bool {

@@ -249,6 +249,7 @@ struct Spare {
 /// library collects a vector's `into_iter` in place, in its own allocation, when the
 /// layouts agree (a unit test checks that the capacity stays).
 fn relabel<T, U>(mut v: Vec<T>) -> Vec<U> {
+    const { assert!(size_of::<T>() == size_of::<U>() && align_of::<T>() == align_of::<U>()) };
     v.clear();
     v.into_iter().filter_map(|_| None).collect()
 }
@@ -259,9 +260,16 @@ impl std::fmt::Debug for Pipeline {
     }
 }
 
-/// Keys called and staged as one run (see [`Pipeline::call_keys`]): a few of the
-/// plugin's `process-batch` runs (`batch_calls_max`, 512 by default).
+/// About how many keys are called and staged as one run (see [`call_run_keys`]): a
+/// few of the plugin's `process-batch` runs at the default `batch_calls_max` (512).
 const CALL_RUN_KEYS: usize = 2048;
+
+/// The keys of one run of [`Pipeline::call_keys`]: [`CALL_RUN_KEYS`] rounded up to
+/// whole `process-batch` runs of `batch_calls_max`, so that no run is cut short.
+fn call_run_keys(batch_calls_max: usize) -> usize {
+    let per_batch = batch_calls_max.max(1);
+    CALL_RUN_KEYS.div_ceil(per_batch) * per_batch
+}
 
 /// Batches at the start of a run that read fewer records than `batch_events_max`.
 const RAMP_BATCHES: u64 = 4;
@@ -846,14 +854,7 @@ impl Pipeline {
         // many keys was copied and faulted in again and again (5% of a 1M-key run).
         batch.changes.reserve(groups.len());
         let loaded = self.load(groups.iter().map(|(k, _)| k.as_str()))?;
-        let mut calls: Vec<Call<'_>> = relabel(std::mem::take(&mut self.spare.calls));
-        calls.extend(groups.iter().map(|(key, events)| (key.as_str(), events.as_slice(), None)));
-        let started = self.calls_started();
-        let called = self.call_keys(batch, &calls, loaded);
-        self.spare.calls = relabel(calls);
-        // Timed also when a call failed the batch: its stage times include the attempt.
-        self.calls_done(started);
-        called?;
+        self.call_listed(batch, groups.iter().map(|(key, events)| (key.as_str(), events.as_slice(), None)), loaded)?;
         let Some(threshold) = self.timeout_threshold(batch.plan.watermark_ms, batch.plan.processing_time_ms) else {
             return Ok(());
         };
@@ -869,12 +870,23 @@ impl Pipeline {
         batch.changes.reserve(expired.len());
         let loaded = self.load(expired.iter().map(|(_, k)| k.as_str()))?;
         batch.timeout_keys += expired.len() as u64;
-        let mut calls: Vec<Call<'_>> = relabel(std::mem::take(&mut self.spare.calls));
-        calls.extend(expired.iter().map(|(deadline, key)| (key.as_str(), &[][..], Some(*deadline))));
+        self.call_listed(batch, expired.iter().map(|(deadline, key)| (key.as_str(), &[][..], Some(*deadline))), loaded)
+    }
+
+    /// [`Pipeline::call_keys`] for `calls`, listed in the spare call vector, timed as
+    /// a run (also when a call failed the batch: its stage times include the attempt).
+    fn call_listed<'a>(
+        &mut self,
+        batch: &mut Batch,
+        calls: impl Iterator<Item = Call<'a>>,
+        loaded: Vec<Option<KeyRecord>>,
+    ) -> Result<(), Error> {
+        let mut listed: Vec<Call<'_>> = relabel(std::mem::take(&mut self.spare.calls));
+        listed.extend(calls);
         let started = self.calls_started();
-        let called = self.call_keys(batch, &calls, loaded);
-        self.spare.calls = relabel(calls);
+        let called = self.call_keys(batch, &listed, loaded);
         self.calls_done(started);
+        self.spare.calls = relabel(listed);
         called
     }
 
@@ -927,6 +939,7 @@ impl Pipeline {
         let mut asked: Vec<&str> = relabel(std::mem::take(&mut self.spare.keys));
         asked.extend(keys);
         let mut loaded = std::mem::take(&mut self.spare.loaded);
+        debug_assert!(loaded.is_empty(), "call_keys empties the loaded records it keeps");
         let result = self.store.get_many(&asked, &mut loaded);
         self.spare.keys = relabel(asked);
         self.stages.state_load_ns += self.since(started);
@@ -935,9 +948,10 @@ impl Pipeline {
     }
 
     /// Calls the plugin for each `(key, events, deadline)` (a deadline: a timeout call
-    /// for the timer that expired at it), all in one [`StateFunction::call_many`]
-    /// (which a plugin may run as a few `process-batch` calls), after migrating each
-    /// loaded state written by an older schema; then stages the results in order.
+    /// for the timer that expired at it) with its loaded record (`loaded`, in the same
+    /// order), in runs of [`call_run_keys`]: for each run, migrates each loaded state
+    /// written by an older schema, makes one [`StateFunction::call_many`] (which a
+    /// plugin may run as a few `process-batch` calls), then stages the results in order.
     fn call_keys(
         &mut self,
         batch: &mut Batch,
@@ -956,11 +970,12 @@ impl Pipeline {
             }
         }
         let schema = self.swaps.info().state_schema_version;
-        // In runs of `CALL_RUN_KEYS`: the per-call vectors of a whole batch over many
+        // In runs of about `CALL_RUN_KEYS`: the per-call vectors of a whole batch over many
         // keys (MiBs each) were faulted in afresh every batch, and handed back to the
         // system after it.
+        debug_assert_eq!(loaded.len(), calls.len());
         let mut rest = loaded.drain(..);
-        for calls in calls.chunks(CALL_RUN_KEYS) {
+        for calls in calls.chunks(call_run_keys(self.config.limits.batch_calls_max)) {
             let loaded: Vec<Option<KeyRecord>> = rest.by_ref().take(calls.len()).collect();
             self.call_run(batch, calls, loaded, schema)?;
         }
@@ -1391,6 +1406,15 @@ fn check_streams(config: &PipelineConfig) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_run_is_whole_process_batch_runs() {
+        assert_eq!(call_run_keys(512), 2048);
+        assert_eq!(call_run_keys(1000), 3000);
+        assert_eq!(call_run_keys(65_536), 65_536);
+        assert_eq!(call_run_keys(1), CALL_RUN_KEYS);
+        assert_eq!(call_run_keys(0), CALL_RUN_KEYS);
+    }
 
     /// A relabelled vector is the same allocation, emptied, both ways.
     #[test]

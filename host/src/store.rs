@@ -693,7 +693,8 @@ impl Store {
     }
 
     /// Appends the committed records of `keys` to `out`, in the order given (`out` is
-    /// the caller's, so that a batch loop can keep its allocation). The keys not in
+    /// the caller's, so that a batch loop can keep its allocation; after an error it
+    /// holds a partial answer, to be discarded). The keys not in
     /// the overlay are looked up in key order, each page read from sled once for all
     /// of its keys: a batch over a million keys touches each page once, not once per
     /// key.
