@@ -507,6 +507,30 @@ fn parse_index_key(raw: &[u8]) -> Result<(i64, Vec<u8>)> {
     Ok((from_ordered_i64(deadline), raw[9..].to_vec()))
 }
 
+/// Removes the snapshots sled was still writing when its process stopped, and says
+/// whether there were any. sled 0.34 writes a snapshot to `snap.<lsn>.generating`,
+/// syncs it and renames it to `snap.<lsn>`, but reads the newest `snap.` file of either
+/// name: after a kill -9 inside that write, it found the unfinished file and refused
+/// to open ("corrupted data at file offset None"). Without it, sled reads its last
+/// finished snapshot and replays its log from there, as after any crash. Called only
+/// after sled refused to open for corruption, so after it held the directory's lock:
+/// no other process is writing one.
+fn drop_unfinished_snapshots(dir: &Path) -> Result<bool> {
+    let fs = |what| move |cause| StoreError::Io { what, cause: sled::Error::Io(cause) };
+    let listed = std::fs::read_dir(dir).map_err(fs("list the state dir"))?;
+    let mut dropped = false;
+    for entry in listed {
+        let path = entry.map_err(fs("list the state dir"))?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            std::fs::remove_file(&path).map_err(fs("remove an unfinished sled snapshot"))?;
+            tracing::warn!("removed {}: a snapshot sled had not finished writing when it stopped", path.display());
+            dropped = true;
+        }
+    }
+    Ok(dropped)
+}
+
 impl Store {
     /// Opens (or creates) the store in `dir`, replaying and folding the redo log.
     /// `cache_bytes` is sled's page cache; the committed changes are folded into sled
@@ -526,11 +550,15 @@ impl Store {
         // shortly after the `Db` is dropped; a reopen within the same process may
         // have to wait for that.
         let mut attempts = 0;
+        let mut snapshots_dropped = false;
         let db = loop {
             match config.open() {
                 Err(sled::Error::Io(e)) if is_lock_error(&e) && attempts < OPEN_LOCK_RETRIES => {
                     attempts += 1;
                     std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(sled::Error::Corruption { .. }) if !snapshots_dropped && drop_unfinished_snapshots(dir)? => {
+                    snapshots_dropped = true;
                 }
                 other => break other.map_err(open_err)?,
             }
@@ -1311,6 +1339,26 @@ impl<T, A: Iterator<Item = Result<T>>, B: Iterator<Item = Result<T>>> Iterator f
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A snapshot sled was still writing when a kill stopped it does not keep the
+    /// store from opening: sled reads its last finished one and its log instead.
+    #[test]
+    fn an_unfinished_sled_snapshot_left_by_a_kill_is_dropped_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut store = Store::open(dir.path(), 1 << 20, 1 << 20, 1 << 20).unwrap();
+            let changes = vec![KeyChange { key: "a".into(), before: None, after: rec(Some(b"1"), Some(100)) }];
+            store.commit(&changes, &Checkpoint { next_batch_id: 1, ..Checkpoint::default() }, true).unwrap();
+            store.flush().unwrap();
+        }
+        // Newer than any snapshot sled wrote, cut short before its length and checksum.
+        let unfinished = dir.path().join("snap.FFFFFFFFFFFFFF00.generating");
+        std::fs::write(&unfinished, [0xAB; 100]).unwrap();
+        let store = Store::open(dir.path(), 1 << 20, 1 << 20, 1 << 20).unwrap();
+        assert!(!unfinished.exists());
+        assert_eq!(store.get("a").unwrap(), rec(Some(b"1"), Some(100)));
+        assert_eq!(store.checkpoint().unwrap().unwrap().next_batch_id, 1);
+    }
 
     fn rec(value: Option<&[u8]>, timeout_ms: Option<i64>) -> Option<KeyRecord> {
         let r = KeyRecord { value: value.map(<[u8]>::to_vec), timeout_ms, schema_version: 1 };
