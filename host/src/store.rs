@@ -507,24 +507,41 @@ fn parse_index_key(raw: &[u8]) -> Result<(i64, Vec<u8>)> {
     Ok((from_ordered_i64(deadline), raw[9..].to_vec()))
 }
 
-/// Removes the snapshots sled was still writing when its process stopped, and says
-/// whether there were any. sled 0.34 writes a snapshot to `snap.<lsn>.generating`,
-/// syncs it and renames it to `snap.<lsn>`, but reads the newest `snap.` file of either
-/// name: after a kill -9 inside that write, it found the unfinished file and refused
-/// to open ("corrupted data at file offset None"). Without it, sled reads its last
-/// finished snapshot and replays its log from there, as after any crash. Called only
-/// after sled refused to open for corruption, so after it held the directory's lock:
-/// no other process is writing one.
-fn drop_unfinished_snapshots(dir: &Path) -> Result<bool> {
+/// Removes the files sled was still writing when its process stopped, and says
+/// whether there were any; sled 0.34 refused to open over either after a kill -9
+/// ("corrupted data at file offset None"):
+/// - a snapshot: sled writes `snap.<lsn>.generating`, syncs it and renames it to
+///   `snap.<lsn>` (at every open that finds new log), but reads the newest `snap.`
+///   file of either name. Without it, sled reads its last finished snapshot and
+///   replays its log from there, as after any crash;
+/// - its `conf` (storage parameters, written once, at creation: the contents, then a
+///   checksum) cut short before the checksum. sled writes it again from the `Config`,
+///   whose storage parameters groupstate never changes (sled's defaults).
+///
+/// Called only after sled refused to open for corruption, so after it held the
+/// directory's lock: no other process is writing either.
+fn drop_unfinished_sled_files(dir: &Path) -> Result<bool> {
     let fs = |what| move |cause| StoreError::Io { what, cause: sled::Error::Io(cause) };
     let listed = std::fs::read_dir(dir).map_err(fs("list the state dir"))?;
     let mut dropped = false;
     for entry in listed {
         let path = entry.map_err(fs("list the state dir"))?.path();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        if name.starts_with("snap.") && name.ends_with(".generating") {
-            std::fs::remove_file(&path).map_err(fs("remove an unfinished sled snapshot"))?;
-            tracing::warn!("removed {}: a snapshot sled had not finished writing when it stopped", path.display());
+        let unfinished = if name.starts_with("snap.") && name.ends_with(".generating") {
+            true
+        } else if name == "conf" {
+            let bytes = std::fs::read(&path).map_err(fs("read sled's conf"))?;
+            // sled reads a conf of 8 bytes or fewer as none and writes it again.
+            bytes.len() > 8 && {
+                let (contents, crc) = bytes.split_at(bytes.len() - 4);
+                crc32fast::hash(contents).to_le_bytes() != crc
+            }
+        } else {
+            false
+        };
+        if unfinished {
+            std::fs::remove_file(&path).map_err(fs("remove a file sled had not finished"))?;
+            tracing::warn!("removed {}: sled had not finished writing it when it stopped", path.display());
             dropped = true;
         }
     }
@@ -550,15 +567,15 @@ impl Store {
         // shortly after the `Db` is dropped; a reopen within the same process may
         // have to wait for that.
         let mut attempts = 0;
-        let mut snapshots_dropped = false;
+        let mut unfinished_dropped = false;
         let db = loop {
             match config.open() {
                 Err(sled::Error::Io(e)) if is_lock_error(&e) && attempts < OPEN_LOCK_RETRIES => {
                     attempts += 1;
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
-                Err(sled::Error::Corruption { .. }) if !snapshots_dropped && drop_unfinished_snapshots(dir)? => {
-                    snapshots_dropped = true;
+                Err(sled::Error::Corruption { .. }) if !unfinished_dropped && drop_unfinished_sled_files(dir)? => {
+                    unfinished_dropped = true;
                 }
                 other => break other.map_err(open_err)?,
             }
@@ -1340,10 +1357,11 @@ impl<T, A: Iterator<Item = Result<T>>, B: Iterator<Item = Result<T>>> Iterator f
 mod tests {
     use super::*;
 
-    /// A snapshot sled was still writing when a kill stopped it does not keep the
-    /// store from opening: sled reads its last finished one and its log instead.
+    /// A snapshot sled was still writing when a kill stopped it, or its `conf` cut
+    /// short before its checksum, does not keep the store from opening: sled reads its
+    /// last finished snapshot and its log instead, and writes its `conf` again.
     #[test]
-    fn an_unfinished_sled_snapshot_left_by_a_kill_is_dropped_at_open() {
+    fn files_sled_had_not_finished_when_killed_are_dropped_at_open() {
         let dir = tempfile::tempdir().unwrap();
         {
             let mut store = Store::open(dir.path(), 1 << 20, 1 << 20, 1 << 20).unwrap();
@@ -1351,13 +1369,22 @@ mod tests {
             store.commit(&changes, &Checkpoint { next_batch_id: 1, ..Checkpoint::default() }, true).unwrap();
             store.flush().unwrap();
         }
-        // Newer than any snapshot sled wrote, cut short before its length and checksum.
-        let unfinished = dir.path().join("snap.FFFFFFFFFFFFFF00.generating");
-        std::fs::write(&unfinished, [0xAB; 100]).unwrap();
-        let store = Store::open(dir.path(), 1 << 20, 1 << 20, 1 << 20).unwrap();
-        assert!(!unfinished.exists());
-        assert_eq!(store.get("a").unwrap(), rec(Some(b"1"), Some(100)));
-        assert_eq!(store.checkpoint().unwrap().unwrap().next_batch_id, 1);
+        let conf = dir.path().join("conf");
+        let finished_conf = std::fs::read(&conf).unwrap();
+        for unfinished in ["snapshot", "conf"] {
+            if unfinished == "snapshot" {
+                // Newer than any snapshot sled wrote, cut short before its length and checksum.
+                std::fs::write(dir.path().join("snap.FFFFFFFFFFFFFF00.generating"), [0xAB; 100]).unwrap();
+            } else {
+                std::fs::write(&conf, &finished_conf[..finished_conf.len() - 4]).unwrap();
+            }
+            let store =
+                Store::open(dir.path(), 1 << 20, 1 << 20, 1 << 20).unwrap_or_else(|e| panic!("{unfinished}: {e}"));
+            assert!(!dir.path().join("snap.FFFFFFFFFFFFFF00.generating").exists());
+            assert_eq!(std::fs::read(&conf).unwrap(), finished_conf, "{unfinished}");
+            assert_eq!(store.get("a").unwrap(), rec(Some(b"1"), Some(100)), "{unfinished}");
+            assert_eq!(store.checkpoint().unwrap().unwrap().next_batch_id, 1);
+        }
     }
 
     fn rec(value: Option<&[u8]>, timeout_ms: Option<i64>) -> Option<KeyRecord> {
