@@ -853,8 +853,7 @@ impl Pipeline {
         // Most calls change their key: grown by doubling, this vector of a batch over
         // many keys was copied and faulted in again and again (5% of a 1M-key run).
         batch.changes.reserve(groups.len());
-        let loaded = self.load(groups.iter().map(|(k, _)| k.as_str()))?;
-        self.call_listed(batch, groups.iter().map(|(key, events)| (key.as_str(), events.as_slice(), None)), loaded)?;
+        self.call_listed(batch, groups.iter().map(|(key, events)| (key.as_str(), events.as_slice(), None)))?;
         let Some(threshold) = self.timeout_threshold(batch.plan.watermark_ms, batch.plan.processing_time_ms) else {
             return Ok(());
         };
@@ -868,24 +867,22 @@ impl Pipeline {
         let expired: Vec<(i64, String)> =
             expired.into_iter().filter(|(_, k)| !data_keys.contains(k.as_str())).take(limit).collect();
         batch.changes.reserve(expired.len());
-        let loaded = self.load(expired.iter().map(|(_, k)| k.as_str()))?;
         batch.timeout_keys += expired.len() as u64;
-        self.call_listed(batch, expired.iter().map(|(deadline, key)| (key.as_str(), &[][..], Some(*deadline))), loaded)
+        self.call_listed(batch, expired.iter().map(|(deadline, key)| (key.as_str(), &[][..], Some(*deadline))))
     }
 
-    /// [`Pipeline::call_keys`] for `calls`, listed in the spare call vector, timed as
-    /// a run (also when a call failed the batch: its stage times include the attempt).
-    fn call_listed<'a>(
-        &mut self,
-        batch: &mut Batch,
-        calls: impl Iterator<Item = Call<'a>>,
-        loaded: Vec<Option<KeyRecord>>,
-    ) -> Result<(), Error> {
+    /// Lists `calls` in the spare call vector, loads their keys' records, and runs
+    /// [`Pipeline::call_keys`], timed as a run (also when a call failed the batch: its
+    /// stage times include the attempt).
+    fn call_listed<'a>(&mut self, batch: &mut Batch, calls: impl Iterator<Item = Call<'a>>) -> Result<(), Error> {
         let mut listed: Vec<Call<'_>> = relabel(std::mem::take(&mut self.spare.calls));
         listed.extend(calls);
-        let started = self.calls_started();
-        let called = self.call_keys(batch, &listed, loaded);
-        self.calls_done(started);
+        let called = self.load(listed.iter().map(|&(key, _, _)| key)).and_then(|loaded| {
+            let started = self.calls_started();
+            let called = self.call_keys(batch, &listed, loaded);
+            self.calls_done(started);
+            called
+        });
         self.spare.calls = relabel(listed);
         called
     }
