@@ -162,22 +162,57 @@ impl<'de> Visitor<'de> for FieldsSeed<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Found<'de>, A::Error> {
         let mut found = Found::default();
-        while let Some(name) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if self.decoder.key_field.as_deref() == Some(&*name) {
-                if found.key.is_some() {
-                    return Err(de::Error::custom(format_args!("{DUPLICATE_MARK}{name}")));
+        let duplicate = |name: &Option<String>| {
+            de::Error::custom(format_args!("{DUPLICATE_MARK}{}", name.as_deref().unwrap_or_default()))
+        };
+        while let Some(name) = map.next_key_seed(NameSeed { decoder: self.decoder })? {
+            match name {
+                Name::Key if found.key.is_some() => return Err(duplicate(&self.decoder.key_field)),
+                Name::Key => found.key = Some(map.next_value_seed(KeySeed)?),
+                Name::Time if found.time.is_some() => return Err(duplicate(&self.decoder.time_field)),
+                Name::Time => found.time = Some(map.next_value_seed(TimeSeed)?),
+                Name::Other => {
+                    map.next_value::<IgnoredAny>()?;
                 }
-                found.key = Some(map.next_value_seed(KeySeed)?);
-            } else if self.decoder.time_field.as_deref() == Some(&*name) {
-                if found.time.is_some() {
-                    return Err(de::Error::custom(format_args!("{DUPLICATE_MARK}{name}")));
-                }
-                found.time = Some(map.next_value_seed(TimeSeed)?);
-            } else {
-                map.next_value::<IgnoredAny>()?;
             }
         }
         Ok(found)
+    }
+}
+
+/// Which of the decoder's fields a member name is.
+enum Name {
+    Key,
+    Time,
+    Other,
+}
+
+/// Reads a member name and compares it where it lies, without making a string of it
+/// (one allocation per member of every line, a tenth of the input thread's time).
+struct NameSeed<'a> {
+    decoder: &'a Decoder,
+}
+
+impl<'de> DeserializeSeed<'de> for NameSeed<'_> {
+    type Value = Name;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Name, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for NameSeed<'_> {
+    type Value = Name;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a member name")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Name, E> {
+        Ok(if self.decoder.key_field.as_deref() == Some(v) {
+            Name::Key
+        } else if self.decoder.time_field.as_deref() == Some(v) {
+            Name::Time
+        } else {
+            Name::Other
+        })
     }
 }
 
@@ -299,6 +334,10 @@ mod tests {
         check(r#"{"sensor_id":"s","ts":"2024-01-01"}"#, Err("not an integer"));
         check(r#"{"sensor_id":"s","ts":1.5}"#, Err("not an integer"));
         check(r#"{"sensor_id":"s","sensor_id":"t","ts":1}"#, Err("appears more than once"));
+        check(r#"{"ts":1,"ts":2,"sensor_id":"s"}"#, Err("field \"ts\" appears more than once"));
+        // A member name with an escape is the name it spells.
+        check(r#"{"sensor\u005fid":"s","t\u0073":3}"#, Ok(("s", Some(3))));
+        check(r#"{"sensor_id":"s","ts":1,"sensor\u005fid":"t"}"#, Err("appears more than once"));
     }
 
     #[test]
