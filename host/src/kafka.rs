@@ -377,7 +377,7 @@ impl PartitionReader {
         bytes_max: u64,
         end_offset: Option<u64>,
         wait: Duration,
-        each: &mut dyn FnMut(Line) -> Result<bool, crate::source::SourceError>,
+        each: &mut dyn FnMut(Line<&str>) -> Result<bool, crate::source::SourceError>,
     ) -> Result<(), crate::source::SourceError> {
         let started = self.clock.monotonic_ns();
         let wait_ns = if end_offset.is_some() { REPLAY_WAIT_MS_MAX * 1_000_000 } else { wait.as_nanos() as u64 };
@@ -427,7 +427,7 @@ impl PartitionReader {
             self.next = line.offset + 1;
             bytes += line.text.as_ref().map_or(0, |t| t.len() as u64);
             read += 1;
-            if !each(line)? {
+            if !each(line.borrowed())? {
                 break;
             }
         }

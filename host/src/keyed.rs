@@ -886,7 +886,7 @@ fn clamp_u32(n: usize) -> u32 {
 /// What a 0.2 state function does with one call (a loaded plugin of the 0.2 world).
 pub trait KeyedFunction {
     /// `process(key, events, state)`; gives the call back with what it staged.
-    fn process(&mut self, call: KeyCall, events: &[Event]) -> (Result<Vec<String>, CallError>, KeyCall);
+    fn process(&mut self, call: KeyCall, events: &[Event<'_>]) -> (Result<Vec<String>, CallError>, KeyCall);
     /// `handle-expired-timer(key, timer, state)`.
     fn expired_timer(&mut self, call: KeyCall, timer: &Timer) -> (Result<Vec<String>, CallError>, KeyCall);
     /// `handle-initial-state(key, state-json, state)`.
@@ -1005,18 +1005,18 @@ pub fn run_batch(
     store: &Store,
     variables: std::sync::Arc<Vec<Variable>>,
     ctx: &CallContext,
-    groups: &[(String, Vec<Event>)],
+    groups: &[(&str, &[Event<'_>])],
     threshold: Option<i64>,
     timers_max: usize,
     stop_on_failure: bool,
 ) -> Result<KeyedBatch, StoreError> {
     let mut out = KeyedBatch::default();
     let mut reader = store.reader();
-    let prefixes: Vec<String> = groups.iter().map(|(key, _)| sk::group_prefix(key)).collect();
+    let prefixes: Vec<String> = groups.iter().map(|&(key, _)| sk::group_prefix(key)).collect();
     reader.read_ahead(prefixes.iter().map(String::as_str))?;
     let mut view = BatchView { reader, applied: BTreeMap::new() };
     out.expired = remove_expired(&mut view, ctx, ctx.expirations_max)?;
-    for (group, (key, events)) in groups.iter().enumerate() {
+    for (group, &(key, events)) in groups.iter().enumerate() {
         let event_time = events.iter().filter_map(|e| e.event_time_ms).fold(ctx.watermark_ms, i64::max);
         let call = KeyCall::new(key, ctx.clone(), view, variables.clone(), event_time);
         let (result, call) = function.process(call, events);
@@ -1025,7 +1025,7 @@ pub fn run_batch(
         }
         let failed = result.is_err();
         view = call.finish(!failed);
-        out.calls.push(Called { key: key.clone(), group: Some(group), result });
+        out.calls.push(Called { key: key.to_owned(), group: Some(group), result });
         if failed && stop_on_failure {
             return Ok(out);
         }

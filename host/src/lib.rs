@@ -13,6 +13,7 @@ pub mod decode;
 pub mod export;
 mod fold_mark;
 mod function;
+mod groups;
 mod hot_swap;
 pub mod kafka;
 mod key_order;

@@ -230,7 +230,7 @@ pub struct Pipeline {
 
 /// A call of [`Pipeline::call_keys`]: key, events, and the deadline of the timer that
 /// expired (a timeout call).
-type Call<'a> = (&'a str, &'a [Event], Option<i64>);
+type Call<'a> = (&'a str, &'a [Event<'a>], Option<i64>);
 
 /// The vectors a batch fills and empties, kept for the next batch. Over many keys each
 /// holds a batch's worth of items (MiBs); allocated afresh every batch, they were
@@ -243,6 +243,7 @@ struct Spare {
     loaded: Vec<Option<KeyRecord>>,
     keys: Vec<&'static str>,
     calls: Vec<Call<'static>>,
+    events: Vec<Event<'static>>,
 }
 
 /// `v` emptied, as a vector of another item type of the same layout: the standard
@@ -768,7 +769,7 @@ impl Pipeline {
         batch.input_digest = prepared.input_digest;
         batch.bad_records = prepared.bad_lines.len() as u64;
         batch.counters.records += records;
-        batch.counters.events += prepared.groups.iter().map(|(_, events)| events.len() as u64).sum::<u64>();
+        batch.counters.events += prepared.groups.event_count() as u64;
         batch.counters.late += late;
         batch.counters.bad_records += prepared.bad_lines.len() as u64;
         let plugin_ns_before = self.stages.plugin_ns;
@@ -853,7 +854,11 @@ impl Pipeline {
         // Most calls change their key: grown by doubling, this vector of a batch over
         // many keys was copied and faulted in again and again (5% of a 1M-key run).
         batch.changes.reserve(groups.len());
-        self.call_listed(batch, groups.iter().map(|(key, events)| (key.as_str(), events.as_slice(), None)))?;
+        let mut events: Vec<Event<'_>> = relabel(std::mem::take(&mut self.spare.events));
+        events.extend(groups.events());
+        let called = self.call_listed(batch, groups.ranges().map(|(key, range)| (key, &events[range], None)));
+        self.spare.events = relabel(events);
+        called?;
         let Some(threshold) = self.timeout_threshold(batch.plan.watermark_ms, batch.plan.processing_time_ms) else {
             return Ok(());
         };
@@ -863,7 +868,7 @@ impl Pipeline {
         if expired.is_empty() {
             return Ok(());
         }
-        let data_keys: HashSet<&str, foldhash::fast::RandomState> = groups.iter().map(|(k, _)| k.as_str()).collect();
+        let data_keys: HashSet<&str, foldhash::fast::RandomState> = groups.keys().collect();
         let expired: Vec<(i64, String)> =
             expired.into_iter().filter(|(_, k)| !data_keys.contains(k.as_str())).take(limit).collect();
         batch.changes.reserve(expired.len());
@@ -900,13 +905,15 @@ impl Pipeline {
         };
         crate::keyed::check_ttl_clocks(&variables, self.config.time_field.is_some())
             .map_err(crate::config::ConfigError)?;
-        let done =
-            crate::keyed::run_batch(function, &self.store, variables, &ctx, &prepared.groups, threshold, limit, fail)?;
+        let events: Vec<Event<'_>> = prepared.groups.events().collect();
+        let groups: Vec<(&str, &[Event<'_>])> =
+            prepared.groups.ranges().map(|(key, range)| (key, &events[range])).collect();
+        let done = crate::keyed::run_batch(function, &self.store, variables, &ctx, &groups, threshold, limit, fail)?;
         self.stages.plugin_ns += self.since(started);
         for called in done.calls {
             let key = called.key.as_str();
-            let group = called.group.and_then(|i| prepared.groups.get(i));
-            let events: &[Event] = group.map_or(&[], |(_, events)| events.as_slice());
+            let group = called.group.and_then(|i| groups.get(i));
+            let events: &[Event<'_>] = group.map_or(&[], |&(_, events)| events);
             if called.group.is_none() {
                 batch.timeout_keys += 1;
                 batch.counters.timeout_calls += 1;
@@ -1085,7 +1092,7 @@ impl Pipeline {
         &mut self,
         batch: &mut Batch,
         key: &str,
-        events: &[Event],
+        events: &[Event<'_>],
         before: Option<KeyRecord>,
         cause: CallError,
     ) -> Result<(), Error> {
@@ -1106,7 +1113,7 @@ impl Pipeline {
                 "key": key,
                 "error": cause.to_string(),
                 "timed_out": events.is_empty(),
-                "events": events.iter().map(|e| e.payload.as_str()).collect::<Vec<_>>(),
+                "events": events.iter().map(|e| e.payload).collect::<Vec<_>>(),
                 "state_before_hex": state_before_hex,
             });
             self.sinks.dead_letter.push_line(&entry.to_string())?;

@@ -17,12 +17,8 @@ use hashbrown::HashTable;
 
 use crate::clock::Clock;
 use crate::decode::Decoder;
-use crate::plugin::Event;
+pub(crate) use crate::groups::Groups;
 use crate::source::{Rotation, Source, SourceError};
-
-/// A batch's records grouped by key: keys in order of first appearance, events in
-/// arrival order.
-pub(crate) type Groups = Vec<(String, Vec<Event>)>;
 
 /// What to prepare.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,13 +76,15 @@ const LINES_BETWEEN_IDLE: u64 = 4096;
 /// The most keys a batch reserves room for up front (`batch_keys_max` may be far more).
 const KEYS_RESERVED_MAX: usize = 1 << 16;
 
-/// Reads and prepares one batch from `source`, calling `idle` every few thousand lines
-/// (the input thread frees recycled batches there).
+/// Reads and prepares one batch from `source` into `groups` (emptied first: the memory
+/// of a batch done with), calling `idle` every few thousand lines (the input thread
+/// takes back recycled batches there).
 fn prepare(
     source: &mut Source,
     decoder: &Decoder,
     clock: &dyn Clock,
     req: &Request,
+    mut groups: Groups,
     idle: &mut dyn FnMut(),
 ) -> Result<Prepared, SourceError> {
     let started = clock.monotonic_ns();
@@ -94,14 +92,15 @@ fn prepare(
     if source.offset() != req.start_offset || (req.start_offset == 0 && source.rotation().is_some()) {
         source.rewind_to(req.start_offset)?;
     }
-    let mut out = Prepared::default();
+    groups.clear();
+    let mut out = Prepared { groups, ..Prepared::default() };
     // A batch over many keys used to grow these by doubling, rehashing and copying as
     // it went (a fifth of the input thread's time at a million keys).
     let keys_expected = req.keys_max.min(req.records_max).min(KEYS_RESERVED_MAX);
-    out.groups.reserve(keys_expected);
-    // The position of each key's group in `out.groups`, by the key's hash (foldhash,
-    // randomly seeded: SipHash showed in profiles of this per-line lookup); the key
-    // itself is held once, in its group.
+    out.groups.reserve_keys(keys_expected);
+    // The number of each key in `out.groups`, by the key's hash (foldhash, randomly
+    // seeded: SipHash showed in profiles of this per-line lookup); the key itself is
+    // held once, in the groups.
     let hasher = foldhash::fast::RandomState::default();
     let mut index: HashTable<usize> = HashTable::with_capacity(keys_expected);
     let mut cut = None;
@@ -117,11 +116,11 @@ fn prepare(
                 return Ok(true);
             }
         };
-        let decoded = match decoder.decode(&text) {
+        let decoded = match decoder.decode(text) {
             Ok(d) => d,
             Err(e) => {
                 out.records += 1;
-                out.bad_lines.push(bad_record(req.batch_id, line.offset, &e.to_string(), Some(&text)));
+                out.bad_lines.push(bad_record(req.batch_id, line.offset, &e.to_string(), Some(text)));
                 return Ok(true);
             }
         };
@@ -131,7 +130,7 @@ fn prepare(
             (true, None) => {
                 out.records += 1;
                 let why = "the record has no Kafka timestamp, which --kafka-timestamp takes as its event time";
-                out.bad_lines.push(bad_record(req.batch_id, line.offset, why, Some(&text)));
+                out.bad_lines.push(bad_record(req.batch_id, line.offset, why, Some(text)));
                 return Ok(true);
             }
         };
@@ -149,7 +148,7 @@ fn prepare(
         // since the key's state lives in the one partition its Kafka key picks.
         let key = match (line.key, decoder.key_field()) {
             (None, _) => decoded.key,
-            (Some(kafka_key), None) => std::borrow::Cow::Owned(kafka_key),
+            (Some(kafka_key), None) => std::borrow::Cow::Borrowed(kafka_key),
             (Some(kafka_key), Some(_)) if kafka_key == decoded.key => decoded.key,
             (Some(kafka_key), Some(field)) => {
                 let reason = format!(
@@ -157,13 +156,13 @@ fn prepare(
                     decoded.key
                 );
                 out.records += 1;
-                out.bad_lines.push(bad_record(req.batch_id, line.offset, &reason, Some(&text)));
+                out.bad_lines.push(bad_record(req.batch_id, line.offset, &reason, Some(text)));
                 return Ok(true);
             }
         };
         let hash = hasher.hash_one(key.as_ref());
         let groups = &mut out.groups;
-        let slot = match index.find(hash, |&i| groups[i].0 == key.as_ref()) {
+        let slot = match index.find(hash, |&i| groups.key(i) == key.as_ref()) {
             Some(&i) => i,
             None if groups.len() == req.keys_max => {
                 // This record starts the next batch.
@@ -171,18 +170,17 @@ fn prepare(
                 return Ok(false);
             }
             None => {
-                index.insert_unique(hash, groups.len(), |&i| hasher.hash_one(&groups[i].0));
-                // Most keys of a batch over many keys have one event.
-                groups.push((key.into_owned(), Vec::with_capacity(1)));
-                groups.len() - 1
+                index.insert_unique(hash, groups.len(), |&i| hasher.hash_one(groups.key(i)));
+                groups.len()
             }
         };
-        out.groups[slot].1.push(Event { event_time_ms, payload: text });
+        groups.push(slot, &key, text, event_time_ms);
         out.records += 1;
         // `None` orders below every `Some`.
         out.max_event_time_ms = out.max_event_time_ms.max(event_time_ms);
         Ok(true)
     })?;
+    out.groups.finish();
     if let Some(offset) = cut {
         source.rewind_to(offset)?;
     }
@@ -214,31 +212,28 @@ impl Prepared {
         }
         let Self { groups, bad_lines, max_event_time_ms, .. } = self;
         *max_event_time_ms = None;
-        for (key, events) in groups.iter_mut() {
-            events.retain(|event| match event.event_time_ms {
-                Some(t) if t > bound => {
-                    bad_lines.push(
-                        serde_json::json!({
-                            "kind": "event-time-ahead",
-                            "batch": batch_id,
-                            "key": key,
-                            "event_time_ms": t,
-                            "reason": format!(
-                                "event time {t} is more than event_time_ahead_max_ms ({ahead_max_ms}) ahead of the batch's processing time; fix the producer's clock, or raise --event-time-ahead-max-ms"
-                            ),
-                            "line": event.payload,
-                        })
-                        .to_string(),
-                    );
-                    false
-                }
-                other => {
-                    *max_event_time_ms = (*max_event_time_ms).max(other);
-                    true
-                }
-            });
-        }
-        groups.retain(|(_, events)| !events.is_empty());
+        groups.retain(|key, event| match event.event_time_ms {
+            Some(t) if t > bound => {
+                bad_lines.push(
+                    serde_json::json!({
+                        "kind": "event-time-ahead",
+                        "batch": batch_id,
+                        "key": key,
+                        "event_time_ms": t,
+                        "reason": format!(
+                            "event time {t} is more than event_time_ahead_max_ms ({ahead_max_ms}) ahead of the batch's processing time; fix the producer's clock, or raise --event-time-ahead-max-ms"
+                        ),
+                        "line": event.payload,
+                    })
+                    .to_string(),
+                );
+                false
+            }
+            other => {
+                *max_event_time_ms = (*max_event_time_ms).max(other);
+                true
+            }
+        });
     }
 }
 
@@ -297,12 +292,20 @@ impl Preparer {
             .name("groupstate-input".into())
             .spawn(move || {
                 // Ends when the pipeline drops its end of the channels.
-                // Recycled batches are freed before each request and every few
-                // thousand lines, so the queue holds at most the last two.
-                let mut free_recycled = || recycled_rx.try_iter().for_each(drop);
+                // Recycled batches are taken back before each request and every few
+                // thousand lines: the last one's groups are filled again by the next
+                // request, the others freed.
+                let mut spare = Groups::default();
                 for req in requests_rx {
-                    free_recycled();
-                    let prepared = prepare(&mut source, &decoder, clock.as_ref(), &req, &mut free_recycled);
+                    let take_recycled = |spare: &mut Groups| {
+                        if let Some(done) = recycled_rx.try_iter().last() {
+                            *spare = done.groups;
+                        }
+                    };
+                    take_recycled(&mut spare);
+                    let groups = std::mem::take(&mut spare);
+                    let prepared =
+                        prepare(&mut source, &decoder, clock.as_ref(), &req, groups, &mut || take_recycled(&mut spare));
                     if replies_tx.send(prepared).is_err() {
                         return;
                     }
@@ -340,7 +343,9 @@ impl Preparer {
     /// request, else prepared now.
     pub fn get(&mut self, req: Request) -> Result<Prepared, SourceError> {
         match self {
-            Self::InLine { source, decoder, clock } => prepare(source, decoder, clock.as_ref(), &req, &mut || {}),
+            Self::InLine { source, decoder, clock } => {
+                prepare(source, decoder, clock.as_ref(), &req, Groups::default(), &mut || {})
+            }
             Self::Ahead { requests, replies, outstanding, .. } => {
                 let gone = || {
                     SourceError::Thread(
@@ -379,7 +384,7 @@ mod tests {
     }
 
     fn keys(p: &Prepared) -> Vec<(String, usize)> {
-        p.groups.iter().map(|(k, e)| (k.clone(), e.len())).collect()
+        p.groups.ranges().map(|(k, e)| (k.to_owned(), e.len())).collect()
     }
 
     #[test]

@@ -17,17 +17,42 @@ const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
 /// Lines queued from stdin at most, before the reader thread waits.
 const STDIN_QUEUE_LINES_MAX: usize = 65_536;
 
-/// One input line.
+/// One input line: owned (`Line<String>`, the default) where it is queued or held, and
+/// borrowed (`Line<&str>`) where [`Source::read_lines`] hands it out.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Line {
+pub struct Line<T = String> {
     /// Byte offset of the line's first byte; for Kafka, the record's offset.
     pub offset: u64,
     /// The record's Kafka key (a Kafka input only): the record's group key.
-    pub key: Option<String>,
+    pub key: Option<T>,
     /// The record's Kafka timestamp in epoch milliseconds (a Kafka input only).
     pub timestamp_ms: Option<i64>,
     /// The line without its terminator, or why it could not be read.
-    pub text: Result<String, LineError>,
+    pub text: Result<T, LineError>,
+}
+
+impl Line {
+    /// The line, borrowed.
+    pub fn borrowed(&self) -> Line<&str> {
+        Line {
+            offset: self.offset,
+            key: self.key.as_deref(),
+            timestamp_ms: self.timestamp_ms,
+            text: self.text.as_deref().map_err(Clone::clone),
+        }
+    }
+}
+
+impl Line<&str> {
+    /// The line, owned.
+    pub fn to_owned_line(&self) -> Line {
+        Line {
+            offset: self.offset,
+            key: self.key.map(str::to_owned),
+            timestamp_ms: self.timestamp_ms,
+            text: self.text.clone().map(str::to_owned),
+        }
+    }
 }
 
 /// A line that is not text the decoder can look at.
@@ -125,26 +150,50 @@ impl From<crate::kafka::KafkaError> for SourceError {
 /// Reads lines of at most `max` bytes from a `BufRead`, tracking the offset.
 struct LineReader<R> {
     inner: R,
-    /// Offset after the last line returned.
+    /// Offset after the last line read.
     offset: u64,
     line_bytes_max: usize,
     /// Whether a final line without a newline counts as a line (a finished file) or
     /// must wait for its newline (a file still being written).
     accept_unterminated: bool,
-    /// The line being read: kept across calls while it waits for its newline.
+    /// The line being read, kept across calls while it waits for its newline; then the
+    /// line read, until the next call (one buffer for every line: no allocation each).
     buf: Vec<u8>,
     consumed: u64,
     too_long: bool,
+    /// `buf` holds a whole line, handed out by [`LineReader::line`].
+    done: Option<ReadLine>,
+}
+
+/// Where the line in a [`LineReader`]'s buffer was, and whether it was too long.
+#[derive(Debug, Clone, Copy)]
+struct ReadLine {
+    offset: u64,
+    /// The bytes it took, when more than `line_bytes_max`.
+    too_long: Option<u64>,
 }
 
 impl<R: BufRead> LineReader<R> {
     fn new(inner: R, offset: u64, line_bytes_max: usize, accept_unterminated: bool) -> Self {
-        Self { inner, offset, line_bytes_max, accept_unterminated, buf: Vec::new(), consumed: 0, too_long: false }
+        Self {
+            inner,
+            offset,
+            line_bytes_max,
+            accept_unterminated,
+            buf: Vec::new(),
+            consumed: 0,
+            too_long: false,
+            done: None,
+        }
     }
 
-    /// The next line and the bytes it took, or `None` at the end of the input (or
-    /// before an unterminated final line that must wait for its newline).
-    fn next_line(&mut self) -> io::Result<Option<(Line, u64)>> {
+    /// Reads the next line (see [`LineReader::line`]); returns the bytes it took, or
+    /// `None` at the end of the input (or before an unterminated final line that must
+    /// wait for its newline).
+    fn advance(&mut self) -> io::Result<Option<u64>> {
+        if self.done.take().is_some() {
+            self.buf.clear();
+        }
         loop {
             let chunk = self.inner.fill_buf()?;
             if chunk.is_empty() {
@@ -163,7 +212,7 @@ impl<R: BufRead> LineReader<R> {
                 self.buf.extend_from_slice(part);
             } else {
                 self.too_long = true;
-                self.buf = Vec::new();
+                self.buf.clear();
             }
             self.inner.consume(n);
             self.consumed += n as u64;
@@ -173,23 +222,47 @@ impl<R: BufRead> LineReader<R> {
         }
         let mut start = self.offset;
         let consumed = std::mem::take(&mut self.consumed);
-        let mut buf = std::mem::take(&mut self.buf);
         let too_long = std::mem::take(&mut self.too_long);
         self.offset += consumed;
-        strip_terminator(&mut buf);
+        strip_terminator(&mut self.buf);
         // A byte order mark (editors on Windows write one) marks the encoding, it is
         // not part of the first record.
-        if start == 0 && buf.starts_with(UTF8_BOM) {
-            buf.drain(..UTF8_BOM.len());
+        if start == 0 && self.buf.starts_with(UTF8_BOM) {
+            self.buf.drain(..UTF8_BOM.len());
             start = UTF8_BOM.len() as u64;
         }
-        let text = if too_long || buf.len() > self.line_bytes_max {
-            let len = if too_long { consumed } else { buf.len() as u64 };
-            Err(LineError::TooLong { len, max: self.line_bytes_max })
+        let too_long = if too_long {
+            Some(consumed)
         } else {
-            String::from_utf8(buf).map_err(|_| LineError::NotUtf8)
+            (self.buf.len() > self.line_bytes_max).then_some(self.buf.len() as u64)
         };
-        Ok(Some((Line { offset: start, key: None, timestamp_ms: None, text }, consumed)))
+        self.done = Some(ReadLine { offset: start, too_long });
+        Ok(Some(consumed))
+    }
+
+    /// The line the last [`LineReader::advance`] read, borrowed from the reader.
+    fn line(&self) -> Option<Line<&str>> {
+        let ReadLine { offset, too_long } = self.done?;
+        let text = match too_long {
+            Some(len) => Err(LineError::TooLong { len, max: self.line_bytes_max }),
+            None => std::str::from_utf8(&self.buf).map_err(|_| LineError::NotUtf8),
+        };
+        Some(Line { offset, key: None, timestamp_ms: None, text })
+    }
+
+    /// The next line, owned, and the bytes it took (for the stdin thread's queue).
+    fn next_line(&mut self) -> io::Result<Option<(Line, u64)>> {
+        let Some(consumed) = self.advance()? else { return Ok(None) };
+        Ok(self.line().map(|line| (line.to_owned_line(), consumed)))
+    }
+
+    /// Forgets the line being read (after a seek).
+    fn reset(&mut self, offset: u64) {
+        self.offset = offset;
+        self.buf.clear();
+        self.consumed = 0;
+        self.too_long = false;
+        self.done = None;
     }
 }
 
@@ -381,19 +454,13 @@ impl Source {
                 let meta = file.metadata().map_err(open_err)?;
                 *identity = (meta.dev(), meta.ino());
                 reader.inner = BufReader::with_capacity(1 << 20, file);
-                reader.offset = 0;
-                reader.buf.clear();
-                reader.consumed = 0;
-                reader.too_long = false;
+                reader.reset(0);
                 *rotation = None;
                 Ok(())
             }
             Inner::File { reader, .. } => {
                 reader.inner.seek(SeekFrom::Start(offset)).map_err(|cause| SourceError::Read { offset, cause })?;
-                reader.offset = offset;
-                reader.buf.clear();
-                reader.consumed = 0;
-                reader.too_long = false;
+                reader.reset(offset);
                 Ok(())
             }
             Inner::Stdin { .. } => Err(SourceError::NotSeekable),
@@ -417,7 +484,7 @@ impl Source {
         bytes_max: u64,
         end_offset: Option<u64>,
         wait: Duration,
-        mut each: impl FnMut(Line) -> Result<bool, SourceError>,
+        mut each: impl FnMut(Line<&str>) -> Result<bool, SourceError>,
     ) -> Result<(), SourceError> {
         let start = self.offset();
         let full = |offset: u64| offset - start >= bytes_max;
@@ -426,20 +493,20 @@ impl Source {
             Inner::File { path, reader: r, follow, identity, rotation } => {
                 while read < max && !full(r.offset) && end_offset.is_none_or(|end| r.offset < end) {
                     let offset = r.offset;
-                    let mut next = r.next_line().map_err(|cause| SourceError::Read { offset, cause })?;
+                    let mut next = r.advance().map_err(|cause| SourceError::Read { offset, cause })?;
                     if next.is_none() && *follow && rotation.is_none() && end_offset.is_none() {
                         *rotation = rotated(path, *identity, r.offset);
                         if rotation.is_some() {
                             // A line written to the old file before it was replaced is
                             // still read: the old file ends only when it has none left.
-                            next = r.next_line().map_err(|cause| SourceError::Read { offset, cause })?;
+                            next = r.advance().map_err(|cause| SourceError::Read { offset, cause })?;
                             if next.is_some() {
                                 *rotation = None;
                             }
                         }
                     }
-                    match next {
-                        Some((line, _)) => {
+                    match next.and_then(|_| r.line()) {
+                        Some(line) => {
                             read += 1;
                             if !each(line)? {
                                 break;
@@ -461,7 +528,7 @@ impl Source {
                             *offset = line.offset + consumed;
                             read += 1;
                             timeout = Duration::ZERO;
-                            if !each(line)? {
+                            if !each(line.borrowed())? {
                                 break;
                             }
                         }
@@ -486,7 +553,7 @@ impl Source {
     ) -> Result<Vec<Line>, SourceError> {
         let mut lines = Vec::new();
         self.read_lines(max, bytes_max, end_offset, wait, |line| {
-            lines.push(line);
+            lines.push(line.to_owned_line());
             Ok(true)
         })?;
         Ok(lines)

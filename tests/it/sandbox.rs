@@ -37,7 +37,8 @@ fn adversary(limits: &Limits) -> Plugin {
 
 /// One `process` call for `key` with these event payloads and no prior state.
 fn call(plugin: &mut Plugin, key: &str, payloads: &[Value]) -> Result<CallOutcome, CallError> {
-    let events: Vec<Event> = payloads.iter().map(|p| Event { event_time_ms: None, payload: p.to_string() }).collect();
+    let payloads: Vec<String> = payloads.iter().map(Value::to_string).collect();
+    let events: Vec<Event<'_>> = payloads.iter().map(|p| Event { event_time_ms: None, payload: p }).collect();
     let req = CallRequest {
         batch_id: 1,
         key,
@@ -53,9 +54,10 @@ fn call(plugin: &mut Plugin, key: &str, payloads: &[Value]) -> Result<CallOutcom
 /// One [`Plugin::call_many`] with a call per entry of `calls` (keys `k0`, `k1`, ...),
 /// each with those event payloads and no prior state.
 fn call_many(plugin: &mut Plugin, calls: &[&[Value]]) -> Vec<Result<CallOutcome, CallError>> {
-    let events: Vec<Vec<Event>> = calls
+    let payloads: Vec<Vec<String>> = calls.iter().map(|c| c.iter().map(Value::to_string).collect()).collect();
+    let events: Vec<Vec<Event<'_>>> = payloads
         .iter()
-        .map(|payloads| payloads.iter().map(|p| Event { event_time_ms: None, payload: p.to_string() }).collect())
+        .map(|payloads| payloads.iter().map(|p| Event { event_time_ms: None, payload: p }).collect())
         .collect();
     let keys: Vec<String> = (0..calls.len()).map(|i| format!("k{i}")).collect();
     let reqs: Vec<CallRequest<'_>> = keys

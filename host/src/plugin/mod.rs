@@ -42,22 +42,23 @@ mod bindings {
 /// One event of a key's group, in arrival order: the host's own type, lowered into a
 /// plugin as the WIT record `event` (the same in both worlds) straight from the
 /// batch's groups, through each world's typed `process` export ([`Process`]).
-#[derive(Debug, Clone, PartialEq, Eq, ComponentType, Lower)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ComponentType, Lower)]
 #[component(record)]
-pub struct Event {
+pub struct Event<'a> {
     /// The event time in epoch milliseconds, read from the pipeline's time field;
     /// `None` when the pipeline has no time field.
     #[component(name = "event-time-ms")]
     pub event_time_ms: Option<i64>,
-    /// The event as it arrived: the text of one JSON object (one input line).
-    pub payload: String,
+    /// The event as it arrived: the text of one JSON object (one input line), borrowed
+    /// from the batch that holds it.
+    pub payload: &'a str,
 }
 
 /// A world's `process` export, `(key, events, state handle) -> result<outputs,
 /// message>`, typed with [`Event`] rather than a generated type. The `'static`s are
 /// only nominal: wasmtime's `TypedFunc` is covariant in its parameters (a call copies
 /// them into the guest), so it takes a call's shorter-lived key and events.
-type Process<H> = TypedFunc<(&'static str, &'static [Event], Resource<H>), (Result<Vec<String>, String>,)>;
+type Process<H> = TypedFunc<(&'static str, &'static [Event<'static>], Resource<H>), (Result<Vec<String>, String>,)>;
 
 /// The typed `process` export of `instance` (wasmtime checks its type here, once).
 fn process_export<H: 'static>(store: &mut Store<HostState>, instance: &Instance) -> wasmtime::Result<Process<H>> {
@@ -245,7 +246,7 @@ pub struct CallRequest<'a> {
     /// The group key.
     pub key: &'a str,
     /// The key's events (empty for a timeout call).
-    pub events: &'a [Event],
+    pub events: &'a [Event<'a>],
     /// The key's state value before the call.
     pub state: Option<&'a [u8]>,
     /// Whether this call is for an expired timeout.

@@ -191,7 +191,7 @@ super::log_host!(log);
 
 /// Which export a 0.2 call makes.
 enum Export<'a> {
-    Process(&'a [Event]),
+    Process(&'a [Event<'a>]),
     Timer(&'a Timer),
     InitialState(&'a str),
 }
@@ -368,7 +368,7 @@ impl Migrate for Migrator {
 }
 
 impl KeyedFunction for Plugin {
-    fn process(&mut self, call: KeyCall, events: &[Event]) -> (Result<Vec<String>, CallError>, KeyCall) {
+    fn process(&mut self, call: KeyCall, events: &[Event<'_>]) -> (Result<Vec<String>, CallError>, KeyCall) {
         self.call_lending(call, Export::Process(events))
     }
     fn expired_timer(&mut self, call: KeyCall, timer: &Timer) -> (Result<Vec<String>, CallError>, KeyCall) {

@@ -1,0 +1,275 @@
+//! A batch's records grouped by key, held in a few flat vectors instead of a string
+//! per line and a vector per key: the lines back to back in one text, each key a
+//! span of it (the key as it appears in its first line), and the events a vector of
+//! spans ordered key by key. Filling it allocates nothing once its vectors have grown
+//! to a batch's size, so the input thread reuses a batch's groups for a later batch
+//! ([`Groups::clear`]) instead of faulting fresh memory in for every line.
+
+use std::ops::Range;
+
+use crate::plugin::Event;
+
+/// A record's event time and where its line lies in [`Groups::text`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Span {
+    event_time_ms: Option<i64>,
+    start: usize,
+    end: usize,
+}
+
+/// A key: where it lies in [`Groups::text`], and where its events end in
+/// [`Groups::events`] (while the batch is being read, how many it has).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct KeySpan {
+    start: usize,
+    end: usize,
+    events_end: usize,
+}
+
+/// A batch's records grouped by key: keys in order of first appearance, each key's
+/// events in arrival order.
+#[derive(Debug, Default)]
+pub(crate) struct Groups {
+    /// The records' lines back to back, and the keys that are not spans of their lines.
+    text: String,
+    keys: Vec<KeySpan>,
+    /// In arrival order while the batch is being read, then key by key ([`Groups::finish`]).
+    events: Vec<Span>,
+    /// While the batch is being read: the key of each event, in arrival order.
+    arrivals: Vec<u32>,
+    /// The other half of the sort that [`Groups::finish`] does.
+    sorted: Vec<Span>,
+}
+
+impl Groups {
+    /// Empties the groups, keeping their memory.
+    pub fn clear(&mut self) {
+        self.text.clear();
+        self.keys.clear();
+        self.events.clear();
+        self.arrivals.clear();
+        self.sorted.clear();
+    }
+
+    /// Makes room for `keys` keys.
+    pub fn reserve_keys(&mut self, keys: usize) {
+        self.keys.reserve(keys);
+    }
+
+    /// How many keys.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// How many events.
+    pub fn event_count(&self) -> usize {
+        self.events.len()
+    }
+
+    /// The `i`th key.
+    pub fn key(&self, i: usize) -> &str {
+        let k = self.keys[i];
+        &self.text[k.start..k.end]
+    }
+
+    /// The keys, in order of first appearance.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.keys.iter().map(|k| &self.text[k.start..k.end])
+    }
+
+    /// Adds a record of `line` to the key numbered `key_index`: an existing key, or the
+    /// next one (`len()`), which `key` names; `key` is best a slice of `line`.
+    pub fn push(&mut self, key_index: usize, key: &str, line: &str, event_time_ms: Option<i64>) {
+        let start = self.text.len();
+        self.text.push_str(line);
+        let end = self.text.len();
+        if key_index == self.keys.len() {
+            let (key_start, key_end) = match range_within(line, key) {
+                Some(r) => (start + r.start, start + r.end),
+                None => {
+                    self.text.push_str(key);
+                    (end, self.text.len())
+                }
+            };
+            self.keys.push(KeySpan { start: key_start, end: key_end, events_end: 0 });
+        }
+        // Counts for now: `finish` turns them into ends.
+        self.keys[key_index].events_end += 1;
+        self.events.push(Span { event_time_ms, start, end });
+        // A batch's keys are far fewer than 2^32: `batch_keys_max` bounds them.
+        self.arrivals.push(key_index as u32);
+    }
+
+    /// Orders the events key by key (a counting sort, stable), once every record is in.
+    pub fn finish(&mut self) {
+        let mut at = 0;
+        for k in &mut self.keys {
+            let count = k.events_end;
+            k.events_end = at;
+            at += count;
+        }
+        // Each key with one event (most keys of a batch over many): already in order.
+        if self.keys.len() != self.events.len() {
+            self.sorted.clear();
+            self.sorted.resize(self.events.len(), Span { event_time_ms: None, start: 0, end: 0 });
+            for (&span, &k) in self.events.iter().zip(&self.arrivals) {
+                let next = &mut self.keys[k as usize].events_end;
+                self.sorted[*next] = span;
+                *next += 1;
+            }
+            std::mem::swap(&mut self.events, &mut self.sorted);
+        } else {
+            for (i, k) in self.keys.iter_mut().enumerate() {
+                k.events_end = i + 1;
+            }
+        }
+        self.arrivals.clear();
+    }
+
+    /// The events, key by key, as the plugin takes them (after [`Groups::finish`]).
+    pub fn events(&self) -> impl Iterator<Item = Event<'_>> {
+        self.events.iter().map(|s| Event { event_time_ms: s.event_time_ms, payload: &self.text[s.start..s.end] })
+    }
+
+    /// Each key with the range of its events in [`Groups::events`].
+    pub fn ranges(&self) -> impl Iterator<Item = (&str, Range<usize>)> {
+        let mut start = 0;
+        self.keys.iter().map(move |k| {
+            let range = start..k.events_end;
+            start = k.events_end;
+            (&self.text[k.start..k.end], range)
+        })
+    }
+
+    /// Keeps only the events `keep` answers true for (given the event and its key),
+    /// and the keys left with events.
+    pub fn retain(&mut self, mut keep: impl FnMut(&str, Event<'_>) -> bool) {
+        let (mut kept, mut keys_kept, mut start) = (0, 0, 0);
+        for i in 0..self.keys.len() {
+            let k = self.keys[i];
+            let key = &self.text[k.start..k.end];
+            let before = kept;
+            for e in start..k.events_end {
+                let span = self.events[e];
+                let event = Event { event_time_ms: span.event_time_ms, payload: &self.text[span.start..span.end] };
+                if keep(key, event) {
+                    self.events[kept] = span;
+                    kept += 1;
+                }
+            }
+            start = k.events_end;
+            if kept > before {
+                self.keys[keys_kept] = KeySpan { events_end: kept, ..k };
+                keys_kept += 1;
+            }
+        }
+        self.events.truncate(kept);
+        self.keys.truncate(keys_kept);
+    }
+}
+
+/// Where `part` lies in `whole`, if it is a slice of it.
+fn range_within(whole: &str, part: &str) -> Option<Range<usize>> {
+    let start = part.as_ptr().addr().checked_sub(whole.as_ptr().addr())?;
+    (start + part.len() <= whole.len()).then(|| start..start + part.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn contents(g: &Groups) -> Vec<(String, Vec<(Option<i64>, String)>)> {
+        let events: Vec<Event<'_>> = g.events().collect();
+        g.ranges()
+            .map(|(key, r)| {
+                (key.to_owned(), events[r].iter().map(|e| (e.event_time_ms, e.payload.to_owned())).collect())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn groups_key_by_key_in_arrival_order_and_reuses_its_memory() {
+        let mut g = Groups::default();
+        for round in 0..2 {
+            g.clear();
+            let lines = [("a", "a1", 1), ("b", "b1", 2), ("a", "a2", 3), ("c", "c1", 4), ("b", "b2", 5)];
+            let mut names: Vec<&str> = Vec::new();
+            for (key, payload, t) in lines {
+                let line = format!("{{\"k\":\"{key}\",\"p\":\"{payload}\"}}");
+                let i = names.iter().position(|k| *k == key).unwrap_or(names.len());
+                if i == names.len() {
+                    names.push(key);
+                }
+                // The key as a slice of its line, except for "c" (one with an escape, say).
+                let owned;
+                let key = if key == "c" {
+                    owned = key.to_owned();
+                    owned.as_str()
+                } else {
+                    &line[6..7]
+                };
+                g.push(i, key, &line, Some(t));
+            }
+            g.finish();
+            let line = |k: &str, p: &str| format!("{{\"k\":\"{k}\",\"p\":\"{p}\"}}");
+            assert_eq!(
+                contents(&g),
+                vec![
+                    ("a".into(), vec![(Some(1), line("a", "a1")), (Some(3), line("a", "a2"))]),
+                    ("b".into(), vec![(Some(2), line("b", "b1")), (Some(5), line("b", "b2"))]),
+                    ("c".into(), vec![(Some(4), line("c", "c1"))]),
+                ],
+                "round {round}"
+            );
+            assert_eq!((g.len(), g.event_count()), (3, 5));
+            assert_eq!(g.keys().collect::<Vec<_>>(), ["a", "b", "c"]);
+            assert_eq!(g.key(2), "c");
+        }
+        let text_address = g.text.as_ptr();
+        g.clear();
+        g.push(0, "x", "x", None);
+        assert_eq!(g.text.as_ptr(), text_address, "the text keeps its allocation");
+    }
+
+    #[test]
+    fn one_event_per_key_needs_no_sort() {
+        let mut g = Groups::default();
+        for (i, k) in ["x", "y", "z"].into_iter().enumerate() {
+            g.push(i, k, k, None);
+        }
+        g.finish();
+        assert_eq!(
+            contents(&g).iter().map(|(k, e)| (k.as_str(), e.len())).collect::<Vec<_>>(),
+            [("x", 1), ("y", 1), ("z", 1)]
+        );
+    }
+
+    #[test]
+    fn retain_drops_events_and_the_keys_left_without() {
+        let mut g = Groups::default();
+        for (k, t) in [("a", 1), ("b", 9), ("a", 8), ("c", 2), ("b", 3)] {
+            g.push(["a", "b", "c"].iter().position(|x| *x == k).unwrap(), k, &format!("{k}{t}"), Some(t));
+        }
+        g.finish();
+        let mut dropped = Vec::new();
+        g.retain(|key, e| {
+            let keep = e.event_time_ms.is_some_and(|t| t < 5) || key == "c";
+            if !keep {
+                dropped.push(e.payload.to_owned());
+            }
+            keep
+        });
+        assert_eq!(dropped, ["a8", "b9"]);
+        assert_eq!(
+            contents(&g),
+            vec![
+                ("a".into(), vec![(Some(1), "a1".into())]),
+                ("b".into(), vec![(Some(3), "b3".into())]),
+                ("c".into(), vec![(Some(2), "c2".into())]),
+            ]
+        );
+        g.retain(|key, _| key == "b");
+        assert_eq!(g.keys().collect::<Vec<_>>(), ["b"]);
+        assert_eq!(g.event_count(), 1);
+    }
+}
