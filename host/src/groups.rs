@@ -178,7 +178,9 @@ fn range_within(whole: &str, part: &str) -> Option<Range<usize>> {
 mod tests {
     use super::*;
 
-    fn contents(g: &Groups) -> Vec<(String, Vec<(Option<i64>, String)>)> {
+    type Contents = Vec<(String, Vec<(Option<i64>, String)>)>;
+
+    fn contents(g: &Groups) -> Contents {
         let events: Vec<Event<'_>> = g.events().collect();
         g.ranges()
             .map(|(key, r)| {

@@ -105,7 +105,7 @@ fn prepare(
     let mut index: HashTable<usize> = HashTable::with_capacity(keys_expected);
     let mut cut = None;
     source.read_lines(req.records_max, req.bytes_max, req.end_offset, req.wait, |line| {
-        if out.records % LINES_BETWEEN_IDLE == 0 {
+        if out.records.is_multiple_of(LINES_BETWEEN_IDLE) {
             idle();
         }
         let text = match line.text {
