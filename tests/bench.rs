@@ -405,7 +405,7 @@ impl StateFunction for NativeSensor {
         let mut readings: Vec<Reading> = req
             .events
             .iter()
-            .map(|e| serde_json::from_str(&e.payload).map_err(|e| CallError::Returned(e.to_string())))
+            .map(|e| serde_json::from_str(e.payload).map_err(|e| CallError::Returned(e.to_string())))
             .collect::<Result<_, _>>()?;
         readings.sort_by_key(|r| r.ts);
         let mut episode = req.state.and_then(Episode::decode).unwrap_or_default();
