@@ -17,7 +17,7 @@ use hashbrown::HashTable;
 
 use crate::clock::Clock;
 use crate::decode::Decoder;
-pub(crate) use crate::groups::Groups;
+pub(crate) use crate::groups::{Groups, Scratch};
 use crate::source::{Rotation, Source, SourceError};
 
 /// What to prepare.
@@ -85,6 +85,7 @@ fn prepare(
     clock: &dyn Clock,
     req: &Request,
     mut groups: Groups,
+    scratch: &mut Scratch,
     idle: &mut dyn FnMut(),
 ) -> Result<Prepared, SourceError> {
     let started = clock.monotonic_ns();
@@ -162,7 +163,7 @@ fn prepare(
         };
         let hash = hasher.hash_one(key.as_ref());
         let groups = &mut out.groups;
-        let slot = match index.find(hash, |&i| groups.key(i) == key.as_ref()) {
+        let slot = match index.find(hash, |&i| groups.is_key(i, &key)) {
             Some(&i) => i,
             None if groups.len() == req.keys_max => {
                 // This record starts the next batch.
@@ -180,7 +181,7 @@ fn prepare(
         out.max_event_time_ms = out.max_event_time_ms.max(event_time_ms);
         Ok(true)
     })?;
-    out.groups.finish();
+    out.groups.finish(scratch);
     if let Some(offset) = cut {
         source.rewind_to(offset)?;
     }
@@ -295,7 +296,7 @@ impl Preparer {
                 // Recycled batches are taken back before each request and every few
                 // thousand lines: the last one's groups are filled again by the next
                 // request, the others freed.
-                let mut spare = Groups::default();
+                let (mut spare, mut scratch) = (Groups::default(), Scratch::default());
                 for req in requests_rx {
                     let take_recycled = |spare: &mut Groups| {
                         if let Some(done) = recycled_rx.try_iter().last() {
@@ -305,7 +306,9 @@ impl Preparer {
                     take_recycled(&mut spare);
                     let groups = std::mem::take(&mut spare);
                     let prepared =
-                        prepare(&mut source, &decoder, clock.as_ref(), &req, groups, &mut || take_recycled(&mut spare));
+                        prepare(&mut source, &decoder, clock.as_ref(), &req, groups, &mut scratch, &mut || {
+                            take_recycled(&mut spare)
+                        });
                     if replies_tx.send(prepared).is_err() {
                         return;
                     }
@@ -344,7 +347,7 @@ impl Preparer {
     pub fn get(&mut self, req: Request) -> Result<Prepared, SourceError> {
         match self {
             Self::InLine { source, decoder, clock } => {
-                prepare(source, decoder, clock.as_ref(), &req, Groups::default(), &mut || {})
+                prepare(source, decoder, clock.as_ref(), &req, Groups::default(), &mut Scratch::default(), &mut || {})
             }
             Self::Ahead { requests, replies, outstanding, .. } => {
                 let gone = || {
