@@ -333,8 +333,8 @@ impl Preparer {
         }
     }
 
-    /// Hands a batch that is done with back to the thread that allocated it, to be
-    /// freed there.
+    /// Hands a batch that is done with back to the thread that allocated it, which
+    /// fills its groups again for a later batch (or frees it).
     pub fn recycle(&mut self, prepared: Prepared) {
         if let Self::Ahead { recycled, .. } = self {
             // If the thread has stopped, the batch is dropped here instead.
