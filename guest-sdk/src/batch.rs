@@ -27,7 +27,8 @@ pub fn process_batch<T: StateFunction>(mut instance: Option<&mut T>, calls: &[u8
     };
     let (watermark_ms, processing_time_ms, state_bytes_max) = (input.i64(), input.i64(), input.u64());
     let count = input.u32();
-    let mut out = Vec::with_capacity(count as usize * 32);
+    // An outcome without outputs takes about 40 bytes.
+    let mut out = Vec::with_capacity(count as usize * 64);
     for index in 0..count {
         wit::groupstate::plugin::batch::begin_call(index);
         let key = input.str();
@@ -37,7 +38,7 @@ pub fn process_batch<T: StateFunction>(mut instance: Option<&mut T>, calls: &[u8
         let mut events = Vec::with_capacity(events_count);
         for _ in 0..events_count {
             let time_ms = input.option(Reader::i64);
-            events.push((time_ms, input.str()));
+            events.push((time_ms, input.bytes()));
         }
         let Some(instance) = instance.as_deref_mut() else {
             write_err(&mut out, crate::export::NOT_INITIALISED);
