@@ -38,7 +38,7 @@ pub fn process_batch<T: StateFunction>(mut instance: Option<&mut T>, calls: &[u8
         let mut events = Vec::with_capacity(events_count);
         for _ in 0..events_count {
             let time_ms = input.option(Reader::i64);
-            events.push((time_ms, input.bytes()));
+            events.push((time_ms, input.str()));
         }
         let Some(instance) = instance.as_deref_mut() else {
             write_err(&mut out, crate::export::NOT_INITIALISED);
