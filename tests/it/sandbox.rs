@@ -592,6 +592,29 @@ fn plugin_stdout_and_stderr_go_to_the_host_log_within_the_budget() {
 }
 
 #[test]
+fn a_batch_redone_call_by_call_after_a_trap_logs_each_call_once() {
+    // The three keys go to the plugin in one process-batch; b's panic traps it, and
+    // the batch is made again call by call: a's line was flushed before the trap.
+    let dir = tempfile::tempdir().unwrap();
+    append(
+        &dir.path().join("in.jsonl"),
+        &[r#"{"k":"a","do":"log","n":1}"#, r#"{"k":"b","do":"panic"}"#, r#"{"k":"c","do":"log","n":1}"#],
+    );
+    let (dir_s, cache) = (dir.path().display().to_string(), cache_dir().display().to_string());
+    let mut args = run_args(plugins::ADVERSARY, &dir_s, &cache);
+    args.extend(["--on-error", "skip"].map(str::to_owned));
+    // Not `groupstate()`: the plugin's panic message says "panicked" in the log.
+    let out = Command::new(groupstate_bin()).args(&args).output().expect("run groupstate");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    for key in ["a", "c"] {
+        let line = format!("plugin adversary key=\"{key}\" info: message 0 for {key}\n");
+        assert_eq!(stderr.matches(&line).count(), 1, "{line:?} in:\n{stderr}");
+    }
+    assert!(stderr.contains("adversary: panic on key b"), "{stderr}");
+}
+
+#[test]
 fn the_cli_refuses_bad_plugins_with_a_clear_error_and_no_panic() {
     let dir = tempfile::tempdir().unwrap();
     append(&dir.path().join("in.jsonl"), &[r#"{"k":"a"}"#]);

@@ -168,13 +168,28 @@ impl Plugin {
             deadline_ticks: ticks,
         });
         set_deadline(&mut live.store, ticks);
+        let log = live.store.data().log.clone();
+        log.hold();
         let result = process_batch.call(&mut live.store, (input,));
         let turns = live.store.data_mut().batch.take();
-        let log = live.store.data().log.clone();
         if let Some(turns) = turns.as_ref().filter(|t| t.next > 0) {
             log.flush(Activity::Key(turns.key(turns.next - 1)));
         }
         let called_all = turns.is_some_and(|t| t.next == reqs.len());
+        let outcomes = self.batch_outcomes(result, called_all, kind, reqs);
+        // A batch redone call by call logs again as it goes.
+        log.release(outcomes.is_some());
+        outcomes
+    }
+
+    /// The outcomes of a `process-batch` call, or `None` when it must be redone.
+    fn batch_outcomes(
+        &mut self,
+        result: wasmtime::Result<(Vec<u8>,)>,
+        called_all: bool,
+        kind: TimeoutKind,
+        reqs: &[CallRequest<'_>],
+    ) -> Option<Vec<Result<CallOutcome, CallError>>> {
         match result {
             Ok((output,)) if called_all => match decode(&output, kind, reqs, &self.recipe.limits) {
                 Ok(outcomes) => {

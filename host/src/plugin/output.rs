@@ -93,6 +93,10 @@ struct Buffer {
     lines: Vec<(Source, String)>,
     /// Stdout's and stderr's text after their last newline.
     unfinished: [Vec<u8>; 2],
+    /// While a `process-batch` runs ([`PluginLog::hold`]): its calls' lines, flushed
+    /// call by call but written out only once its outcomes are used. At most
+    /// `batch_calls_max` budgets of `log_bytes_per_call_max`.
+    held: Option<Vec<String>>,
 }
 
 impl PluginLog {
@@ -107,6 +111,7 @@ impl PluginLog {
             dropped_bytes: 0,
             lines: Vec::new(),
             unfinished: [Vec::new(), Vec::new()],
+            held: None,
         };
         Self { buffer: Arc::new(Mutex::new(buffer)) }
     }
@@ -180,12 +185,38 @@ impl PluginLog {
 
     /// Sends what the plugin wrote during `activity` to the host's log, a line per
     /// event, and starts a new budget.
+    /// While held, the lines are kept instead, for [`PluginLog::release`].
     pub(super) fn flush(&self, activity: Activity<'_>) {
         let mut buffer = self.lock();
         if buffer.is_empty() {
             return;
         }
-        buffer.drain_into(&mut |line| tracing::info!(target: super::PLUGIN_OUTPUT_TARGET, "{line}"), activity);
+        match buffer.held.take() {
+            Some(mut held) => {
+                buffer.drain_into(&mut |line| held.push(line.to_owned()), activity);
+                buffer.held = Some(held);
+            }
+            None => buffer.drain_into(&mut write_line, activity),
+        }
+    }
+
+    /// Holds the lines flushed from now on until [`PluginLog::release`]: a
+    /// `process-batch` that traps is made again call by call, and the calls before the
+    /// trap would otherwise log twice.
+    pub(super) fn hold(&self) {
+        self.lock().held = Some(Vec::new());
+    }
+
+    /// Stops holding, and writes what was held to the host's log if `write`, else drops it.
+    pub(super) fn release(&self, write: bool) {
+        let held = self.take_held();
+        if write {
+            held.iter().for_each(|line| write_line(line));
+        }
+    }
+
+    fn take_held(&self) -> Vec<String> {
+        self.lock().held.take().unwrap_or_default()
     }
 
     #[cfg(test)]
@@ -234,6 +265,11 @@ impl Buffer {
             ));
         }
     }
+}
+
+/// Writes one line of a plugin's output to the host's log.
+fn write_line(line: &str) {
+    tracing::info!(target: super::PLUGIN_OUTPUT_TARGET, "{line}");
 }
 
 /// A plugin name for a log prefix: short, and printable as is.
@@ -414,6 +450,21 @@ mod tests {
         );
         write(&mut out, "012345678\n");
         assert_eq!(log.flush_to(Activity::Init), "plugin p init stdout: 012345678\n", "the budget is per call");
+    }
+
+    #[test]
+    fn held_lines_wait_for_release() {
+        let log = PluginLog::new("p", 100);
+        log.hold();
+        log.message("info", "one");
+        log.flush(Activity::Key("a"));
+        log.message("info", "two");
+        log.flush(Activity::Key("b"));
+        assert_eq!(log.take_held(), ["plugin p key=\"a\" info: one", "plugin p key=\"b\" info: two"]);
+        // Released, the log writes as it flushes again.
+        log.message("info", "three");
+        assert_eq!(log.flush_to(Activity::Init), "plugin p init info: three\n");
+        assert!(log.take_held().is_empty());
     }
 
     #[test]
