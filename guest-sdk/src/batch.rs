@@ -29,13 +29,16 @@ pub fn process_batch<T: StateFunction>(mut instance: Option<&mut T>, calls: &[u8
     let count = input.u32();
     // An outcome without outputs takes about 40 bytes.
     let mut out = Vec::with_capacity(count as usize * 64);
+    // One vector for every call's events (most calls over many keys have one or two).
+    let mut events = Vec::new();
     for index in 0..count {
         wit::groupstate::plugin::batch::begin_call(index);
         let key = input.str();
         let value = input.option(Reader::bytes);
         let timed_out = input.u8() != 0;
         let events_count = input.u32() as usize;
-        let mut events = Vec::with_capacity(events_count);
+        events.clear();
+        events.reserve(events_count);
         for _ in 0..events_count {
             let time_ms = input.option(Reader::i64);
             events.push((time_ms, input.str()));
@@ -49,7 +52,7 @@ pub fn process_batch<T: StateFunction>(mut instance: Option<&mut T>, calls: &[u8
         state.watermark_ms = watermark_ms;
         state.processing_time_ms = processing_time_ms;
         state.timed_out = timed_out;
-        match run_process(instance, key.to_owned(), events.into_iter(), GroupState::from_test(&mut state)) {
+        match run_process(instance, key.to_owned(), events.drain(..), GroupState::from_test(&mut state)) {
             Ok(outputs) => {
                 out.push(0);
                 write_option(&mut out, state.value_bytes(), write_bytes);

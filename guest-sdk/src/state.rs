@@ -174,14 +174,15 @@ impl<'a, S: Serialize + DeserializeOwned> GroupState<'a, S> {
     /// changes and convert old values in
     /// [`StateFunction::migrate_state`](crate::StateFunction::migrate_state).
     pub fn get(&self) -> Result<Option<S>, Error> {
-        let bytes = match &self.backend {
-            Backend::Host(handle) => handle.get(),
-            Backend::Test(test) => test.value.clone(),
-        };
-        let Some(bytes) = bytes else {
-            return Ok(None);
-        };
-        codec::decode(&bytes).map(Some).map_err(|error| {
+        match &self.backend {
+            Backend::Host(handle) => handle.get().map_or(Ok(None), |bytes| Self::decode(&bytes)),
+            // Read where it lies: `process-batch` calls run on this backend.
+            Backend::Test(test) => test.value.as_deref().map_or(Ok(None), Self::decode),
+        }
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Option<S>, Error> {
+        codec::decode(bytes).map(Some).map_err(|error| {
             Error::msg(format_args!(
                 "the stored state ({} bytes) does not decode as {} ({error}): it was \
                  written with another layout; raise state_schema_version in info() and \
