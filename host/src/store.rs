@@ -222,6 +222,9 @@ pub struct Store {
     background_chunks_max: usize,
     /// The last committed checkpoint (folded or in the log).
     checkpoint: Option<Checkpoint>,
+    /// The last plan written, as sled holds it (read once at open): a read of sled
+    /// per batch waited whenever a fold was applying a chunk.
+    plan: Option<BatchPlan>,
     /// The sequence number of the last commit.
     seq: u64,
     /// The overlay's memory budget before a fold.
@@ -438,7 +441,9 @@ struct Folder {
     tree: sled::Tree,
     /// Held while a fold applies a chunk and while [`Store::expired_timers`] walks the
     /// deadline index and the pages it names, so that the walk sees each chunk whole
-    /// (sled makes each single read atomic, not a walk).
+    /// (sled makes each single read atomic, not a walk); also while
+    /// [`Store::get_many`] reads a batch's pages, which would otherwise wait for each
+    /// chunk applied on its way.
     pages: Arc<Mutex<()>>,
 }
 
@@ -451,12 +456,15 @@ const READ_AHEAD_PAGES_MAX: usize = 4;
 const READ_AHEAD_BYTES_MAX: usize = 32 << 20;
 
 /// Page bytes written into sled by one `apply_batch` of a fold, about (a few pages in
-/// tests, so that their folds take several chunks): a chunk is held in memory whole.
-const FOLD_CHUNK_BYTES: usize = if cfg!(test) { 3 * PAGE_BYTES_MAX } else { 4 << 20 };
+/// tests, so that their folds take several chunks): a chunk is held in memory whole,
+/// and sled blocks every read of the store while it applies one. 4 MiB chunks made the
+/// batch loop wait for them; at 10M events over 1M sensors 1 MiB ran 3% faster and
+/// 256 KiB no better (BENCHMARKS.md).
+const FOLD_CHUNK_BYTES: usize = if cfg!(test) { 3 * PAGE_BYTES_MAX } else { 1 << 20 };
 
 /// Collection steps after each chunk of a fold (each frees up to 8 bags of 64 objects
 /// once their epoch has passed).
-const GARBAGE_COLLECTS_PER_CHUNK: usize = 5000;
+const GARBAGE_COLLECTS_PER_CHUNK: usize = 1250;
 
 /// sled reports a held lock as a custom `Other` error wrapping `WouldBlock`.
 fn is_lock_error(e: &std::io::Error) -> bool {
@@ -586,6 +594,7 @@ impl Store {
         }
         let folded: u64 = read_meta(&tree, "folded sequence number", META_FOLDED)?.unwrap_or(0);
         let checkpoint = read_meta(&tree, "checkpoint", META_CHECKPOINT)?;
+        let plan = read_meta(&tree, "batch plan", META_PLAN)?;
         check_fold_mark(dir, folded, checkpoint.as_ref())?;
         let mut overlay = Overlay::default();
         let (mut seq, mut last_checkpoint) = (folded, checkpoint);
@@ -623,6 +632,7 @@ impl Store {
             fold_thread: None,
             background_chunks_max: usize::MAX,
             checkpoint: last_checkpoint,
+            plan,
             seq,
             buffer_bytes,
             log_bytes,
@@ -720,13 +730,14 @@ impl Store {
     /// such a plan is not pending.
     pub fn pending_plan(&self) -> Result<Option<BatchPlan>> {
         let next = self.checkpoint.as_ref().map_or(0, |c| c.next_batch_id);
-        Ok(read_meta::<BatchPlan>(&self.folder.tree, "batch plan", META_PLAN)?.filter(|plan| plan.batch_id >= next))
+        Ok(self.plan.clone().filter(|plan| plan.batch_id >= next))
     }
 
     /// Writes the plan of the batch about to run (before any of its effects).
-    pub fn write_plan(&self, plan: &BatchPlan) -> Result<()> {
+    pub fn write_plan(&mut self, plan: &BatchPlan) -> Result<()> {
         assert!(plan.start_offset <= plan.end_offset, "plan with a negative range: {plan:?}");
         self.folder.tree.insert(META_PLAN, codec::encode(plan)).map_err(io("write batch plan"))?;
+        self.plan = Some(plan.clone());
         Ok(())
     }
 
@@ -755,6 +766,8 @@ impl Store {
             }
         }
         let stored = crate::key_order::sorted_by_key(&stored, |&i| keys[i].as_bytes());
+        // A fold applies no chunk during the walk (see `Folder::pages`).
+        let _walk = self.folder.pages.lock().unwrap_or_else(PoisonError::into_inner);
         let mut pages = PageCursor::new(&self.folder.tree);
         for i in stored {
             let key = keys[i];
