@@ -6,7 +6,7 @@
 
 use crate::export::run_process;
 use crate::testing::TestState;
-use crate::{GroupState, StateFunction, TimeoutKind, wit};
+use crate::{Error, FromKey, GroupState, StateFunction, TimeoutKind, wit};
 
 /// The layout of the `calls` argument this SDK reads.
 const VERSION: u8 = 1;
@@ -29,8 +29,13 @@ pub fn process_batch<T: StateFunction>(mut instance: Option<&mut T>, calls: &[u8
     let count = input.u32();
     // An outcome without outputs takes about 40 bytes.
     let mut out = Vec::with_capacity(count as usize * 64);
-    // One vector for every call's events (most calls over many keys have one or two).
+    // One vector for every call's events (most calls over many keys have one or two),
+    // one key and one state whose buffers each call refills.
     let mut events = Vec::new();
+    let mut key_slot: Option<T::Key> = None;
+    let mut state = TestState::new(kind).with_state_bytes_max(state_bytes_max);
+    state.watermark_ms = watermark_ms;
+    state.processing_time_ms = processing_time_ms;
     for index in 0..count {
         wit::groupstate::plugin::batch::begin_call(index);
         let key = input.str();
@@ -47,12 +52,19 @@ pub fn process_batch<T: StateFunction>(mut instance: Option<&mut T>, calls: &[u8
             write_err(&mut out, crate::export::NOT_INITIALISED);
             continue;
         };
-        let mut state = TestState::new(kind).with_state_bytes_max(state_bytes_max);
-        state.value = value.map(<[u8]>::to_vec);
-        state.watermark_ms = watermark_ms;
-        state.processing_time_ms = processing_time_ms;
-        state.timed_out = timed_out;
-        match run_process(instance, key.to_owned(), events.drain(..), GroupState::from_test(&mut state)) {
+        let key = match (T::Key::refill(&mut key_slot, key), &key_slot) {
+            (Ok(()), Some(key)) => key,
+            (Err(error), _) => {
+                write_err(&mut out, &String::from(Error::from(error)));
+                continue;
+            }
+            (Ok(()), None) => {
+                write_err(&mut out, "the key type's FromKey::refill left no key");
+                continue;
+            }
+        };
+        state.begin_call(value, timed_out);
+        match run_process(instance, key, events.drain(..), GroupState::from_test(&mut state)) {
             Ok(outputs) => {
                 out.push(0);
                 write_option(&mut out, state.value_bytes(), write_bytes);

@@ -32,6 +32,13 @@ pub fn encode<S: Serialize + ?Sized>(value: &S) -> Result<Vec<u8>, CodecError> {
     bincode::serde::encode_to_vec(value, config()).map_err(|error| CodecError { message: error.to_string() })
 }
 
+/// [`encode`] into `out` (appended), which a caller can reuse from value to value.
+pub(crate) fn encode_into<S: Serialize + ?Sized>(value: &S, out: &mut Vec<u8>) -> Result<(), CodecError> {
+    bincode::serde::encode_into_std_write(value, out, config())
+        .map(|_| ())
+        .map_err(|error| CodecError { message: error.to_string() })
+}
+
 /// Decodes a value written by [`encode`]. Fails when the bytes do not hold exactly one
 /// value of type `S`, trailing bytes included: that usually means the state was written
 /// with another layout of the type.

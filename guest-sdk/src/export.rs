@@ -31,8 +31,9 @@ pub fn process<T: StateFunction>(
     let Some(instance) = instance else {
         return Err(NOT_INITIALISED.to_string());
     };
+    let key = T::Key::from_key(key).map_err(|error| String::from(Error::from(error)))?;
     let events = events.into_iter().map(|event| (event.event_time_ms, event.payload));
-    run_process(instance, key, events, GroupState::from_host(state)).map_err(String::from)
+    run_process(instance, &key, events, GroupState::from_host(state)).map_err(String::from)
 }
 
 /// `migrate-state`: converts a value written under `from_version` of the state schema
@@ -50,17 +51,17 @@ pub fn migrate_state<T: StateFunction>(from_version: u32, value: Vec<u8>) -> Res
     })
 }
 
-/// Decodes the key and the events, calls the plugin, encodes the outputs. Shared by the
-/// WIT export and [`testing`](crate::testing), so that native tests run the same path.
+/// Decodes the events, calls the plugin, encodes the outputs. Shared by the WIT
+/// export, `process-batch` and [`testing`](crate::testing), so that native tests run the
+/// same path.
 pub(crate) fn run_process<T: StateFunction, P: AsRef<str>>(
     instance: &mut T,
-    key: String,
+    key: &T::Key,
     events: impl ExactSizeIterator<Item = (Option<i64>, P)>,
     mut state: GroupState<'_, T::State>,
 ) -> Result<Vec<String>, Error> {
-    let key = T::Key::from_key(key)?;
     let events = decode_events::<T::Event, P>(events)?;
-    let outputs = instance.process(&key, events, &mut state)?;
+    let outputs = instance.process(key, events, &mut state)?;
     outputs
         .iter()
         .enumerate()

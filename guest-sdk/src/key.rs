@@ -29,11 +29,27 @@ use std::fmt;
 pub trait FromKey: Sized {
     /// Builds the key, or says why `key` is not one.
     fn from_key(key: String) -> Result<Self, KeyError>;
+
+    /// Sets `slot` to the key `key`, reusing what it holds where the type can (a
+    /// `String`'s buffer): `process-batch` keeps one slot for all its calls. By default
+    /// a new key from [`from_key`](Self::from_key).
+    #[doc(hidden)]
+    fn refill(slot: &mut Option<Self>, key: &str) -> Result<(), KeyError> {
+        *slot = Some(Self::from_key(key.to_owned())?);
+        Ok(())
+    }
 }
 
 impl FromKey for String {
     fn from_key(key: String) -> Result<Self, KeyError> {
         Ok(key)
+    }
+
+    fn refill(slot: &mut Option<Self>, key: &str) -> Result<(), KeyError> {
+        let buffer = slot.get_or_insert_default();
+        buffer.clear();
+        buffer.push_str(key);
+        Ok(())
     }
 }
 
@@ -41,9 +57,17 @@ macro_rules! from_key_by_parsing {
     ($($ty:ty),*) => {$(
         impl FromKey for $ty {
             fn from_key(key: String) -> Result<Self, KeyError> {
-                key.parse().map_err(|error| {
-                    KeyError::new(&key, format!("a decimal {} ({error})", stringify!($ty)))
-                })
+                let mut slot = None;
+                Self::refill(&mut slot, &key)?;
+                Ok(slot.unwrap_or_default())
+            }
+
+            fn refill(slot: &mut Option<Self>, key: &str) -> Result<(), KeyError> {
+                let parsed = key.parse().map_err(|error| {
+                    KeyError::new(key, format!("a decimal {} ({error})", stringify!($ty)))
+                })?;
+                *slot = Some(parsed);
+                Ok(())
             }
         }
     )*};
@@ -81,6 +105,18 @@ mod tests {
     fn strings_pass_through() {
         assert_eq!(String::from_key("s-000123".into()), Ok("s-000123".into()));
         assert_eq!(String::from_key(String::new()), Ok(String::new()));
+    }
+
+    #[test]
+    fn a_refilled_slot_holds_the_new_key() {
+        let mut slot = None;
+        String::refill(&mut slot, "a-long-first-key").unwrap();
+        String::refill(&mut slot, "b").unwrap();
+        assert_eq!(slot.as_deref(), Some("b"));
+        let mut number = Some(7u16);
+        u16::refill(&mut number, "12").unwrap();
+        assert_eq!(number, Some(12));
+        assert!(u16::refill(&mut number, "x").is_err());
     }
 
     #[test]

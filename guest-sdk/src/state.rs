@@ -196,11 +196,13 @@ impl<'a, S: Serialize + DeserializeOwned> GroupState<'a, S> {
     /// Replaces the key's state value. Fails with [`StateError::StateTooLarge`] when
     /// the encoded value exceeds the pipeline's limit; the previous value then stays.
     pub fn update(&mut self, value: &S) -> Result<(), StateError> {
-        let bytes = codec::encode(value).map_err(|error| StateError::Encode { message: error.to_string() })?;
-        let state_bytes = bytes.len() as u64;
         match &mut self.backend {
-            Backend::Host(handle) => handle.update(&bytes).map_err(|error| from_wit_error(error, 0, state_bytes)),
-            Backend::Test(test) => test.update(bytes),
+            Backend::Host(handle) => {
+                let bytes = codec::encode(value).map_err(|error| StateError::Encode { message: error.to_string() })?;
+                handle.update(&bytes).map_err(|error| from_wit_error(error, 0, bytes.len() as u64))
+            }
+            // Into the buffer of the value it replaces: `process-batch` calls run here.
+            Backend::Test(test) => test.update(value),
         }
     }
 

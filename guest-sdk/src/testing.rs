@@ -54,7 +54,7 @@ use serde::de::DeserializeOwned;
 
 use crate::codec::{self, CodecError};
 use crate::export::run_process;
-use crate::{Event, GroupState, Params, StateError, StateFunction, TimeoutKind};
+use crate::{Error, Event, FromKey, GroupState, Params, StateError, StateFunction, TimeoutKind};
 
 /// One key's state as the host keeps it, for native tests: the value (as encoded
 /// bytes), the timeout deadline, and the batch's watermark and processing time.
@@ -72,6 +72,27 @@ pub struct TestState {
     pub(crate) processing_time_ms: i64,
     pub(crate) timed_out: bool,
     state_bytes_max: u64,
+    /// The buffer the next update encodes into: the replaced value's.
+    spare: Spare,
+}
+
+/// A buffer kept for the next encoding of a value: not part of the state, so any two
+/// are equal.
+#[derive(Clone, Default)]
+struct Spare(Vec<u8>);
+
+impl PartialEq for Spare {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Spare {}
+
+impl std::fmt::Debug for Spare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Spare")
+    }
 }
 
 impl TestState {
@@ -86,6 +107,7 @@ impl TestState {
             processing_time_ms: 0,
             timed_out: false,
             state_bytes_max: u64::MAX,
+            spare: Spare::default(),
         }
     }
 
@@ -142,13 +164,42 @@ impl TestState {
         }
     }
 
-    pub(crate) fn update(&mut self, bytes: Vec<u8>) -> Result<(), StateError> {
-        let state_bytes = bytes.len() as u64;
-        if state_bytes > self.state_bytes_max {
-            return Err(StateError::StateTooLarge { state_bytes, state_bytes_max: self.state_bytes_max });
+    /// Starts a call of `process-batch` on this state, as the host starts one on a
+    /// key's: `value` as stored (copied into the buffer the last call left), no timeout.
+    pub(crate) fn begin_call(&mut self, value: Option<&[u8]>, timed_out: bool) {
+        match value {
+            Some(bytes) => {
+                let mut buffer = self.value.take().unwrap_or_else(|| std::mem::take(&mut self.spare.0));
+                buffer.clear();
+                buffer.extend_from_slice(bytes);
+                self.value = Some(buffer);
+            }
+            None => {
+                if let Some(old) = self.value.take() {
+                    self.spare.0 = old;
+                }
+            }
         }
-        self.value = Some(bytes);
-        Ok(())
+        self.timeout_ms = None;
+        self.timed_out = timed_out;
+    }
+
+    /// Stages `value` encoded, in the buffer the replaced value leaves for the next one.
+    pub(crate) fn update<S: Serialize>(&mut self, value: &S) -> Result<(), StateError> {
+        let mut bytes = std::mem::take(&mut self.spare.0);
+        bytes.clear();
+        let checked = match codec::encode_into(value, &mut bytes) {
+            Err(error) => Err(StateError::Encode { message: error.to_string() }),
+            Ok(()) if bytes.len() as u64 > self.state_bytes_max => {
+                Err(StateError::StateTooLarge { state_bytes: bytes.len() as u64, state_bytes_max: self.state_bytes_max })
+            }
+            Ok(()) => Ok(()),
+        };
+        match checked {
+            Ok(()) => self.spare.0 = self.value.replace(bytes).unwrap_or_default(),
+            Err(_) => self.spare.0 = bytes,
+        }
+        checked
     }
 
     pub(crate) fn set_timeout_duration(&mut self, duration_ms: i64) -> Result<(), StateError> {
@@ -212,11 +263,12 @@ fn call<T: StateFunction>(
     timed_out: bool,
     state: &mut TestState,
 ) -> Result<Vec<String>, String> {
+    let key = T::Key::from_key(key.to_string()).map_err(|error| String::from(Error::from(error)))?;
     let before = state.clone();
     state.timeout_ms = None;
     state.timed_out = timed_out;
     let events = events.iter().map(|event| (event.time_ms, event.value));
-    let result = run_process(instance, key.to_string(), events, GroupState::from_test(state));
+    let result = run_process(instance, &key, events, GroupState::from_test(state));
     state.timed_out = false;
     if result.is_err() {
         *state = before;
@@ -246,7 +298,12 @@ mod tests {
         assert!(!state.timeout_expired());
         state.set_watermark_ms(101);
         assert!(state.timeout_expired());
-        assert_eq!(state.update(vec![1, 2, 3]), Err(StateError::StateTooLarge { state_bytes: 3, state_bytes_max: 2 }));
+        assert_eq!(state.update(&300u32), Err(StateError::StateTooLarge { state_bytes: 3, state_bytes_max: 2 }));
         assert_eq!(state.value_bytes(), None);
+        assert_eq!(state.update(&7u8), Ok(()));
+        assert_eq!(state.update(&300u32), Err(StateError::StateTooLarge { state_bytes: 3, state_bytes_max: 2 }));
+        assert_eq!(state.value::<u8>(), Ok(Some(7)), "a refused update leaves the value");
+        assert_eq!(state.update(&9u8), Ok(()));
+        assert_eq!(state.value::<u8>(), Ok(Some(9)));
     }
 }
