@@ -996,17 +996,20 @@ impl Pipeline {
         loaded: Vec<Option<KeyRecord>>,
         schema: u32,
     ) -> Result<(), Error> {
-        let values: Vec<Result<Option<Vec<u8>>, CallError>> =
+        let values: Vec<Result<Value, CallError>> =
             loaded.iter().map(|before| self.migrated_value(before.as_ref(), schema)).collect();
         let plan = &batch.plan;
         let mut reqs: Vec<CallRequest<'_>> = Vec::with_capacity(calls.len());
-        reqs.extend(calls.iter().zip(&values).filter_map(|(&(key, events, deadline), value)| {
-            let value = value.as_ref().ok()?;
+        reqs.extend(calls.iter().zip(&loaded).zip(&values).filter_map(|((&(key, events, deadline), before), value)| {
+            let state = match value.as_ref().ok()? {
+                Value::Stored => before.as_ref().and_then(|r| r.value.as_deref()),
+                Value::Migrated(migrated) => Some(migrated.as_slice()),
+            };
             Some(CallRequest {
                 batch_id: plan.batch_id,
                 key,
                 events,
-                state: value.as_deref(),
+                state,
                 has_timed_out: deadline.is_some(),
                 watermark_ms: plan.watermark_ms,
                 processing_time_ms: plan.processing_time_ms,
@@ -1049,16 +1052,17 @@ impl Pipeline {
         self.stages.plugin_ns += self.since(started).saturating_sub(migrations);
     }
 
-    fn migrated_value(&mut self, before: Option<&KeyRecord>, schema: u32) -> Result<Option<Vec<u8>>, CallError> {
+    /// The value a call gets: the stored one, or the stored one migrated to the running
+    /// plugin's schema.
+    fn migrated_value(&mut self, before: Option<&KeyRecord>, schema: u32) -> Result<Value, CallError> {
         match before {
             Some(KeyRecord { value: Some(v), schema_version, .. }) if *schema_version != schema => {
                 let started = self.clock.monotonic_ns();
-                let migrated = self.swaps.plugin().migrate(*schema_version, v).map(Some);
+                let migrated = self.swaps.plugin().migrate(*schema_version, v);
                 self.stages.state_load_ns += self.since(started);
-                migrated
+                migrated.map(Value::Migrated)
             }
-            Some(record) => Ok(record.value.clone()),
-            None => Ok(None),
+            _ => Ok(Value::Stored),
         }
     }
 
@@ -1067,7 +1071,7 @@ impl Pipeline {
         batch: &mut Batch,
         key: &str,
         before: Option<KeyRecord>,
-        value: Option<Vec<u8>>,
+        value: Value,
         outcome: CallOutcome,
         schema: u32,
     ) -> Result<(), Error> {
@@ -1076,7 +1080,10 @@ impl Pipeline {
         }
         batch.counters.outputs += outcome.outputs.len() as u64;
         let value = match outcome.value {
-            StagedValue::Unchanged => value,
+            StagedValue::Unchanged => match value {
+                Value::Stored => before.as_ref().and_then(|r| r.value.clone()),
+                Value::Migrated(migrated) => Some(migrated),
+            },
             StagedValue::Updated(v) => Some(v),
             StagedValue::Removed => None,
         };
@@ -1184,6 +1191,14 @@ impl Pipeline {
         let batch = ExportBatch { plan, topics: &topics, changes, checkpoint: next, state_api };
         export.export(&batch).map_err(|cause| Error::Export { batch_id: plan.batch_id, cause })
     }
+}
+
+/// The state value a call gets, from its key's stored record.
+enum Value {
+    /// The record's value, as stored (none without a record).
+    Stored,
+    /// The record's value, written under an older state schema, migrated.
+    Migrated(Vec<u8>),
 }
 
 /// The working set of one batch.
