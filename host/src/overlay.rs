@@ -25,10 +25,18 @@ use crate::codec;
 use crate::records::KeyRecord;
 
 /// An entry's header: the key's length (u16), the record's length (u32, [`DELETED`]
-/// for a deletion) and its deadline (a flag byte and an i64), little endian. The key
-/// and the record's encoding follow.
+/// for a deletion), a byte of flags ([`HAS_DEADLINE`], [`REPLACED`]) and the deadline
+/// (an i64), little endian. The key and the record's encoding follow.
 const HEADER_BYTES: usize = 15;
 const DELETED: u32 = u32::MAX;
+/// Where the flags are in the header.
+const FLAGS_AT: usize = 6;
+/// The entry sets a deadline.
+const HAS_DEADLINE: u8 = 1;
+/// A later entry of the same key replaced this one: it is garbage. Marked where the
+/// entry lies, so that a pass over the live entries reads the arena in order instead
+/// of following the hash table's offsets all over it.
+const REPLACED: u8 = 2;
 /// What a timer is charged in the B-tree (its 16 bytes and the nodes' slack): an
 /// estimate, not a measure.
 const TIMER_BYTES: u64 = 32;
@@ -46,6 +54,8 @@ struct Entry<'a> {
     /// The encoded record (`None`: deleted).
     record: Option<&'a [u8]>,
     deadline: Option<i64>,
+    /// Whether a later entry of its key replaced it.
+    replaced: bool,
     /// The entry's length in the arena.
     len: usize,
 }
@@ -54,12 +64,19 @@ fn read_entry(arena: &[u8], at: usize) -> Entry<'_> {
     let head = &arena[at..at + HEADER_BYTES];
     let key_len = usize::from(u16::from_le_bytes([head[0], head[1]]));
     let record_len = u32::from_le_bytes([head[2], head[3], head[4], head[5]]);
-    let deadline = (head[6] == 1).then(|| i64::from_le_bytes(head[7..15].try_into().expect("8 bytes")));
+    let flags = head[FLAGS_AT];
+    let deadline = (flags & HAS_DEADLINE != 0).then(|| i64::from_le_bytes(head[7..15].try_into().expect("8 bytes")));
     let key_at = at + HEADER_BYTES;
     let key = std::str::from_utf8(&arena[key_at..key_at + key_len]).expect("the overlay appends keys as UTF-8");
     let record_at = key_at + key_len;
     let record = (record_len != DELETED).then(|| &arena[record_at..record_at + record_len as usize]);
-    Entry { key, record, deadline, len: HEADER_BYTES + key_len + record.map_or(0, <[u8]>::len) }
+    Entry {
+        key,
+        record,
+        deadline,
+        replaced: flags & REPLACED != 0,
+        len: HEADER_BYTES + key_len + record.map_or(0, <[u8]>::len),
+    }
 }
 
 /// The key of the entry at `at`, unchecked: what a hash probe compares (checking its
@@ -131,7 +148,7 @@ impl Overlay {
         let key_len = u16::try_from(key.len()).expect("keys are at most KEY_BYTES_MAX long");
         self.arena.extend_from_slice(&key_len.to_le_bytes());
         self.arena.extend_from_slice(&DELETED.to_le_bytes());
-        self.arena.push(u8::from(deadline.is_some()));
+        self.arena.push(if deadline.is_some() { HAS_DEADLINE } else { 0 });
         self.arena.extend_from_slice(&deadline.unwrap_or(0).to_le_bytes());
         self.arena.extend_from_slice(key.as_bytes());
         if let Some(record) = after {
@@ -149,6 +166,7 @@ impl Overlay {
                     timers.remove(&(deadline, slot.at));
                 }
                 *live -= old.len;
+                arena[slot.at + FLAGS_AT] |= REPLACED;
                 slot.at = at;
             }
             None => {
@@ -177,7 +195,9 @@ impl Overlay {
         let mut at = 0;
         while at < arena.len() {
             let entry = read_entry(arena, at);
-            if let Some(slot) = index.find_mut(hasher.hash_one(entry.key), |s| s.at == at) {
+            if !entry.replaced {
+                let slot =
+                    index.find_mut(hasher.hash_one(entry.key), |s| s.at == at).expect("a live entry has its slot");
                 slot.at = kept.len();
                 moved.push((at, kept.len()));
                 kept.extend_from_slice(&arena[at..at + entry.len]);
@@ -204,14 +224,18 @@ impl Overlay {
 
     /// Every changed key with its encoded record (`None`: deleted), in key order.
     pub fn sorted(&self) -> Vec<(&str, Option<&[u8]>)> {
-        let entries: Vec<(&str, Option<&[u8]>)> = self
-            .index
-            .iter()
-            .map(|slot| {
-                let entry = read_entry(&self.arena, slot.at);
-                (entry.key, entry.record)
-            })
-            .collect();
+        // The live entries in the arena's order, which the sort's passes over the keys
+        // then read in that order too (through the hash table, each entry was a cache
+        // miss, three times).
+        let mut entries: Vec<(&str, Option<&[u8]>)> = Vec::with_capacity(self.index.len());
+        let mut at = 0;
+        while at < self.arena.len() {
+            let entry = read_entry(&self.arena, at);
+            if !entry.replaced {
+                entries.push((entry.key, entry.record));
+            }
+            at += entry.len;
+        }
         crate::key_order::sorted_by_key(&entries, |(key, _)| key.as_bytes())
     }
 
@@ -261,6 +285,9 @@ impl Overlay {
             if hash != self.hasher.hash_one(entry.key) || self.index.find(hash, |s| s.at == at).is_none() {
                 return Err(format!("key {:?} is not where its hash says", entry.key));
             }
+            if entry.replaced {
+                return Err(format!("the latest entry of key {:?} is marked replaced", entry.key));
+            }
             if let Some(bytes) = entry.record {
                 let record: KeyRecord = codec::decode("overlay record", bytes).map_err(|e| e.to_string())?;
                 if record.is_empty() {
@@ -280,6 +307,15 @@ impl Overlay {
         }
         if live != self.live {
             return Err(format!("the overlay counts {} live bytes, its entries take {live}", self.live));
+        }
+        let (mut at, mut unreplaced) = (0, 0);
+        while at < self.arena.len() {
+            let entry = read_entry(&self.arena, at);
+            unreplaced += usize::from(!entry.replaced);
+            at += entry.len;
+        }
+        if unreplaced != self.index.len() {
+            return Err(format!("{unreplaced} entries are not marked replaced, {} keys are held", self.index.len()));
         }
         Ok(())
     }

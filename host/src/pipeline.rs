@@ -1000,21 +1000,23 @@ impl Pipeline {
             loaded.iter().map(|before| self.migrated_value(before.as_ref(), schema)).collect();
         let plan = &batch.plan;
         let mut reqs: Vec<CallRequest<'_>> = Vec::with_capacity(calls.len());
-        reqs.extend(calls.iter().zip(&loaded).zip(&values).filter_map(|((&(key, events, deadline), before), value)| {
-            let state = match value.as_ref().ok()? {
-                Value::Stored => before.as_ref().and_then(|r| r.value.as_deref()),
-                Value::Migrated(migrated) => Some(migrated.as_slice()),
-            };
-            Some(CallRequest {
-                batch_id: plan.batch_id,
-                key,
-                events,
-                state,
-                has_timed_out: deadline.is_some(),
-                watermark_ms: plan.watermark_ms,
-                processing_time_ms: plan.processing_time_ms,
-            })
-        }));
+        reqs.extend(calls.iter().zip(&loaded).zip(&values).filter_map(
+            |((&(key, events, deadline), before), value)| {
+                let state = match value.as_ref().ok()? {
+                    Value::Stored => before.as_ref().and_then(|r| r.value.as_deref()),
+                    Value::Migrated(migrated) => Some(migrated.as_slice()),
+                };
+                Some(CallRequest {
+                    batch_id: plan.batch_id,
+                    key,
+                    events,
+                    state,
+                    has_timed_out: deadline.is_some(),
+                    watermark_ms: plan.watermark_ms,
+                    processing_time_ms: plan.processing_time_ms,
+                })
+            },
+        ));
         let outcomes = self.swaps.plugin().call_many(self.config.timeout, &reqs);
         drop(reqs);
         let mut outcomes = outcomes.into_iter();
