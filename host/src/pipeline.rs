@@ -996,15 +996,15 @@ impl Pipeline {
         loaded: Vec<Option<KeyRecord>>,
         schema: u32,
     ) -> Result<(), Error> {
-        let values: Vec<Result<Value, CallError>> =
+        let values: Vec<Result<LoadedValue, CallError>> =
             loaded.iter().map(|before| self.migrated_value(before.as_ref(), schema)).collect();
         let plan = &batch.plan;
         let mut reqs: Vec<CallRequest<'_>> = Vec::with_capacity(calls.len());
         reqs.extend(calls.iter().zip(&loaded).zip(&values).filter_map(
             |((&(key, events, deadline), before), value)| {
                 let state = match value.as_ref().ok()? {
-                    Value::Stored => before.as_ref().and_then(|r| r.value.as_deref()),
-                    Value::Migrated(migrated) => Some(migrated.as_slice()),
+                    LoadedValue::Stored => before.as_ref().and_then(|r| r.value.as_deref()),
+                    LoadedValue::Migrated(migrated) => Some(migrated.as_slice()),
                 };
                 Some(CallRequest {
                     batch_id: plan.batch_id,
@@ -1056,15 +1056,15 @@ impl Pipeline {
 
     /// The value a call gets: the stored one, or the stored one migrated to the running
     /// plugin's schema.
-    fn migrated_value(&mut self, before: Option<&KeyRecord>, schema: u32) -> Result<Value, CallError> {
+    fn migrated_value(&mut self, before: Option<&KeyRecord>, schema: u32) -> Result<LoadedValue, CallError> {
         match before {
             Some(KeyRecord { value: Some(v), schema_version, .. }) if *schema_version != schema => {
                 let started = self.clock.monotonic_ns();
                 let migrated = self.swaps.plugin().migrate(*schema_version, v);
                 self.stages.state_load_ns += self.since(started);
-                migrated.map(Value::Migrated)
+                migrated.map(LoadedValue::Migrated)
             }
-            _ => Ok(Value::Stored),
+            _ => Ok(LoadedValue::Stored),
         }
     }
 
@@ -1073,7 +1073,7 @@ impl Pipeline {
         batch: &mut Batch,
         key: &str,
         before: Option<KeyRecord>,
-        value: Value,
+        value: LoadedValue,
         outcome: CallOutcome,
         schema: u32,
     ) -> Result<(), Error> {
@@ -1083,8 +1083,8 @@ impl Pipeline {
         batch.counters.outputs += outcome.outputs.len() as u64;
         let value = match outcome.value {
             StagedValue::Unchanged => match value {
-                Value::Stored => before.as_ref().and_then(|r| r.value.clone()),
-                Value::Migrated(migrated) => Some(migrated),
+                LoadedValue::Stored => before.as_ref().and_then(|r| r.value.clone()),
+                LoadedValue::Migrated(migrated) => Some(migrated),
             },
             StagedValue::Updated(v) => Some(v),
             StagedValue::Removed => None,
@@ -1196,7 +1196,7 @@ impl Pipeline {
 }
 
 /// The state value a call gets, from its key's stored record.
-enum Value {
+enum LoadedValue {
     /// The record's value, as stored (none without a record).
     Stored,
     /// The record's value, written under an older state schema, migrated.

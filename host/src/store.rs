@@ -458,7 +458,7 @@ const READ_AHEAD_BYTES_MAX: usize = 32 << 20;
 /// Page bytes written into sled by one `apply_batch` of a fold, about (a few pages in
 /// tests, so that their folds take several chunks): a chunk is held in memory whole,
 /// and sled blocks every read of the store while it applies one. 4 MiB chunks made the
-/// batch loop wait for them; at 10M events over 1M sensors 1 MiB ran 3% faster and
+/// batch loop wait for them; at 10M events over 1M sensors 1 MiB ran 3–7% faster and
 /// 256 KiB no better (BENCHMARKS.md).
 const FOLD_CHUNK_BYTES: usize = if cfg!(test) { 3 * PAGE_BYTES_MAX } else { 1 << 20 };
 
