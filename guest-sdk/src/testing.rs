@@ -190,9 +190,10 @@ impl TestState {
         bytes.clear();
         let checked = match codec::encode_into(value, &mut bytes) {
             Err(error) => Err(StateError::Encode { message: error.to_string() }),
-            Ok(()) if bytes.len() as u64 > self.state_bytes_max => {
-                Err(StateError::StateTooLarge { state_bytes: bytes.len() as u64, state_bytes_max: self.state_bytes_max })
-            }
+            Ok(()) if bytes.len() as u64 > self.state_bytes_max => Err(StateError::StateTooLarge {
+                state_bytes: bytes.len() as u64,
+                state_bytes_max: self.state_bytes_max,
+            }),
             Ok(()) => Ok(()),
         };
         match checked {
