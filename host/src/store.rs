@@ -1722,14 +1722,23 @@ mod tests {
     }
 
     #[test]
-    fn plan_is_cleared_by_commit() {
+    fn a_plan_is_pending_until_its_batch_commits_and_is_read_back_at_open() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(dir.path(), 1 << 20, 1 << 20, 1 << 20).unwrap();
         let plan = BatchPlan { batch_id: 0, start_offset: 0, end_offset: 5, processing_time_ms: 1, watermark_ms: 0 };
         store.write_plan(&plan).unwrap();
+        assert_eq!(store.pending_plan().unwrap(), Some(plan.clone()));
+        // A reopen reads the plan back from sled (the store keeps it in memory after).
+        drop(store);
+        let mut store = Store::open(dir.path(), 1 << 20, 1 << 20, 1 << 20).unwrap();
         assert_eq!(store.pending_plan().unwrap(), Some(plan));
         store.commit(&[], &Checkpoint { next_batch_id: 1, ..Checkpoint::default() }, false).unwrap();
         assert_eq!(store.pending_plan().unwrap(), None);
+        let next = BatchPlan { batch_id: 1, start_offset: 5, end_offset: 9, processing_time_ms: 2, watermark_ms: 0 };
+        store.write_plan(&next).unwrap();
+        drop(store);
+        let store = Store::open(dir.path(), 1 << 20, 1 << 20, 1 << 20).unwrap();
+        assert_eq!(store.pending_plan().unwrap(), Some(next));
     }
 }
 
