@@ -79,6 +79,22 @@ fn read_entry(arena: &[u8], at: usize) -> Entry<'_> {
     }
 }
 
+/// The entries not replaced by a later one of their key (the live ones), with their
+/// offsets, in the arena's order.
+fn live_entries(arena: &[u8]) -> impl Iterator<Item = (usize, Entry<'_>)> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        while at < arena.len() {
+            let entry = (at, read_entry(arena, at));
+            at += entry.1.len;
+            if !entry.1.replaced {
+                return Some(entry);
+            }
+        }
+        None
+    })
+}
+
 /// The key of the entry at `at`, unchecked: what a hash probe compares (checking its
 /// UTF-8 there cost more than the rest of the probe).
 fn entry_key(arena: &[u8], at: usize) -> &[u8] {
@@ -192,17 +208,11 @@ impl Overlay {
         let mut kept = Vec::with_capacity(*live * 3 / 2);
         // (old offset, new offset), in the order of both.
         let mut moved: Vec<(usize, usize)> = Vec::with_capacity(index.len());
-        let mut at = 0;
-        while at < arena.len() {
-            let entry = read_entry(arena, at);
-            if !entry.replaced {
-                let slot =
-                    index.find_mut(hasher.hash_one(entry.key), |s| s.at == at).expect("a live entry has its slot");
-                slot.at = kept.len();
-                moved.push((at, kept.len()));
-                kept.extend_from_slice(&arena[at..at + entry.len]);
-            }
-            at += entry.len;
+        for (at, entry) in live_entries(arena) {
+            let slot = index.find_mut(hasher.hash_one(entry.key), |s| s.at == at).expect("a live entry has its slot");
+            slot.at = kept.len();
+            moved.push((at, kept.len()));
+            kept.extend_from_slice(&arena[at..at + entry.len]);
         }
         let new_offset =
             |old: usize| moved[moved.binary_search_by_key(&old, |m| m.0).expect("a timer's entry is live")].1;
@@ -228,14 +238,7 @@ impl Overlay {
         // then read in that order too (through the hash table, each entry was a cache
         // miss, three times).
         let mut entries: Vec<(&str, Option<&[u8]>)> = Vec::with_capacity(self.index.len());
-        let mut at = 0;
-        while at < self.arena.len() {
-            let entry = read_entry(&self.arena, at);
-            if !entry.replaced {
-                entries.push((entry.key, entry.record));
-            }
-            at += entry.len;
-        }
+        entries.extend(live_entries(&self.arena).map(|(_, entry)| (entry.key, entry.record)));
         crate::key_order::sorted_by_key(&entries, |(key, _)| key.as_bytes())
     }
 
@@ -308,12 +311,7 @@ impl Overlay {
         if live != self.live {
             return Err(format!("the overlay counts {} live bytes, its entries take {live}", self.live));
         }
-        let (mut at, mut unreplaced) = (0, 0);
-        while at < self.arena.len() {
-            let entry = read_entry(&self.arena, at);
-            unreplaced += usize::from(!entry.replaced);
-            at += entry.len;
-        }
+        let unreplaced = live_entries(&self.arena).count();
         if unreplaced != self.index.len() {
             return Err(format!("{unreplaced} entries are not marked replaced, {} keys are held", self.index.len()));
         }

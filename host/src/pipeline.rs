@@ -1002,10 +1002,7 @@ impl Pipeline {
         let mut reqs: Vec<CallRequest<'_>> = Vec::with_capacity(calls.len());
         reqs.extend(calls.iter().zip(&loaded).zip(&values).filter_map(
             |((&(key, events, deadline), before), value)| {
-                let state = match value.as_ref().ok()? {
-                    LoadedValue::Stored => before.as_ref().and_then(|r| r.value.as_deref()),
-                    LoadedValue::Migrated(migrated) => Some(migrated.as_slice()),
-                };
+                let state = value.as_ref().ok()?.bytes(before.as_ref());
                 Some(CallRequest {
                     batch_id: plan.batch_id,
                     key,
@@ -1082,10 +1079,7 @@ impl Pipeline {
         }
         batch.counters.outputs += outcome.outputs.len() as u64;
         let value = match outcome.value {
-            StagedValue::Unchanged => match value {
-                LoadedValue::Stored => before.as_ref().and_then(|r| r.value.clone()),
-                LoadedValue::Migrated(migrated) => Some(migrated),
-            },
+            StagedValue::Unchanged => value.bytes(before.as_ref()).map(<[u8]>::to_vec),
             StagedValue::Updated(v) => Some(v),
             StagedValue::Removed => None,
         };
@@ -1201,6 +1195,16 @@ enum LoadedValue {
     Stored,
     /// The record's value, written under an older state schema, migrated.
     Migrated(Vec<u8>),
+}
+
+impl LoadedValue {
+    /// The bytes the call gets, from `before`, the record it was loaded from.
+    fn bytes<'a>(&'a self, before: Option<&'a KeyRecord>) -> Option<&'a [u8]> {
+        match self {
+            LoadedValue::Stored => before.and_then(|r| r.value.as_deref()),
+            LoadedValue::Migrated(migrated) => Some(migrated),
+        }
+    }
 }
 
 /// The working set of one batch.
