@@ -52,18 +52,15 @@ pub fn process_batch<T: StateFunction>(mut instance: Option<&mut T>, calls: &[u8
             write_err(&mut out, crate::export::NOT_INITIALISED);
             continue;
         };
-        let key = match (T::Key::refill(&mut key_slot, key), &key_slot) {
-            (Ok(()), Some(key)) => key,
-            (Err(error), _) => {
+        let key = match T::Key::refill(&mut key_slot, key) {
+            Ok(key) => key,
+            Err(error) => {
                 write_err(&mut out, &String::from(Error::from(error)));
                 continue;
             }
-            (Ok(()), None) => {
-                write_err(&mut out, "the key type's FromKey::refill left no key");
-                continue;
-            }
         };
-        state.begin_call(value, timed_out);
+        state.refill_value(value);
+        state.begin_call(timed_out);
         match run_process(instance, key, events.drain(..), GroupState::from_test(&mut state)) {
             Ok(outputs) => {
                 out.push(0);

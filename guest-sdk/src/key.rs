@@ -30,13 +30,12 @@ pub trait FromKey: Sized {
     /// Builds the key, or says why `key` is not one.
     fn from_key(key: String) -> Result<Self, KeyError>;
 
-    /// Sets `slot` to the key `key`, reusing what it holds where the type can (a
+    /// The key `key`, in `slot`, reusing what it holds where the type can (a
     /// `String`'s buffer): `process-batch` keeps one slot for all its calls. By default
     /// a new key from [`from_key`](Self::from_key).
     #[doc(hidden)]
-    fn refill(slot: &mut Option<Self>, key: &str) -> Result<(), KeyError> {
-        *slot = Some(Self::from_key(key.to_owned())?);
-        Ok(())
+    fn refill<'s>(slot: &'s mut Option<Self>, key: &str) -> Result<&'s Self, KeyError> {
+        Ok(slot.insert(Self::from_key(key.to_owned())?))
     }
 }
 
@@ -45,11 +44,11 @@ impl FromKey for String {
         Ok(key)
     }
 
-    fn refill(slot: &mut Option<Self>, key: &str) -> Result<(), KeyError> {
+    fn refill<'s>(slot: &'s mut Option<Self>, key: &str) -> Result<&'s Self, KeyError> {
         let buffer = slot.get_or_insert_default();
         buffer.clear();
         buffer.push_str(key);
-        Ok(())
+        Ok(buffer)
     }
 }
 
@@ -57,23 +56,22 @@ macro_rules! from_key_by_parsing {
     ($($ty:ty),*) => {$(
         impl FromKey for $ty {
             fn from_key(key: String) -> Result<Self, KeyError> {
-                let mut slot = None;
-                Self::refill(&mut slot, &key)?;
-                Ok(slot.unwrap_or_default())
+                parse_decimal(&key, stringify!($ty))
             }
 
-            fn refill(slot: &mut Option<Self>, key: &str) -> Result<(), KeyError> {
-                let parsed = key.parse().map_err(|error| {
-                    KeyError::new(key, format!("a decimal {} ({error})", stringify!($ty)))
-                })?;
-                *slot = Some(parsed);
-                Ok(())
+            fn refill<'s>(slot: &'s mut Option<Self>, key: &str) -> Result<&'s Self, KeyError> {
+                Ok(slot.insert(parse_decimal(key, stringify!($ty))?))
             }
         }
     )*};
 }
 
 from_key_by_parsing!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize);
+
+/// `key` as a decimal integer of the type named `name`.
+fn parse_decimal<T: std::str::FromStr<Err: fmt::Display>>(key: &str, name: &str) -> Result<T, KeyError> {
+    key.parse().map_err(|error| KeyError::new(key, format!("a decimal {name} ({error})")))
+}
 
 /// A key string that is not a valid key for the plugin.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,10 +109,10 @@ mod tests {
     fn a_refilled_slot_holds_the_new_key() {
         let mut slot = None;
         String::refill(&mut slot, "a-long-first-key").unwrap();
-        String::refill(&mut slot, "b").unwrap();
+        assert_eq!(String::refill(&mut slot, "b").unwrap(), "b");
         assert_eq!(slot.as_deref(), Some("b"));
         let mut number = Some(7u16);
-        u16::refill(&mut number, "12").unwrap();
+        assert_eq!(u16::refill(&mut number, "12").unwrap(), &12);
         assert_eq!(number, Some(12));
         assert!(u16::refill(&mut number, "x").is_err());
     }

@@ -164,9 +164,9 @@ impl TestState {
         }
     }
 
-    /// Starts a call of `process-batch` on this state, as the host starts one on a
-    /// key's: `value` as stored (copied into the buffer the last call left), no timeout.
-    pub(crate) fn begin_call(&mut self, value: Option<&[u8]>, timed_out: bool) {
+    /// Sets the stored value of the next `process-batch` call, copied into the buffer
+    /// the last call left.
+    pub(crate) fn refill_value(&mut self, value: Option<&[u8]>) {
         match value {
             Some(bytes) => {
                 let mut buffer = self.value.take().unwrap_or_else(|| std::mem::take(&mut self.spare.0));
@@ -180,6 +180,10 @@ impl TestState {
                 }
             }
         }
+    }
+
+    /// Starts a call as the host does: the timeout is cleared at the start of every call.
+    pub(crate) fn begin_call(&mut self, timed_out: bool) {
         self.timeout_ms = None;
         self.timed_out = timed_out;
     }
@@ -266,8 +270,7 @@ fn call<T: StateFunction>(
 ) -> Result<Vec<String>, String> {
     let key = T::Key::from_key(key.to_string()).map_err(|error| String::from(Error::from(error)))?;
     let before = state.clone();
-    state.timeout_ms = None;
-    state.timed_out = timed_out;
+    state.begin_call(timed_out);
     let events = events.iter().map(|event| (event.time_ms, event.value));
     let result = run_process(instance, &key, events, GroupState::from_test(state));
     state.timed_out = false;
