@@ -349,6 +349,9 @@ impl Runtime {
         config.wasm_component_model(true);
         config.epoch_interruption(cpu_limit);
         config.max_wasm_stack(limits.wasm_stack_bytes_max);
+        if std::env::var_os("GROUPSTATE_PERFMAP").is_some() {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let engine = Engine::new(&config).map_err(engine_err)?;
         let mut linker: Linker<HostState> = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(engine_err)?;
