@@ -168,17 +168,29 @@ impl Overlay {
 
     /// Applies one committed change.
     pub fn apply(&mut self, key: &str, after: Option<&KeyRecord>) {
+        let encode = after.map(|record| |arena: &mut Vec<u8>| codec::encode_into(arena, record));
+        self.append(key, after.and_then(|r| r.timeout_ms), encode);
+    }
+
+    /// Applies one committed change whose record is encoded already (`codec`), with the
+    /// record's deadline.
+    pub fn apply_encoded(&mut self, key: &str, record: Option<&[u8]>, deadline: Option<i64>) {
+        self.append(key, deadline, record.map(|bytes| |arena: &mut Vec<u8>| arena.extend_from_slice(bytes)));
+    }
+
+    /// Appends a change's entry (`write_record` appends the record's encoding, `None`
+    /// for a deletion) and makes it its key's latest.
+    fn append(&mut self, key: &str, deadline: Option<i64>, write_record: Option<impl FnOnce(&mut Vec<u8>)>) {
         let at = self.arena.len();
-        let deadline = after.and_then(|r| r.timeout_ms);
         let key_len = u16::try_from(key.len()).expect("keys are at most KEY_BYTES_MAX long");
         self.arena.extend_from_slice(&key_len.to_le_bytes());
         self.arena.extend_from_slice(&DELETED.to_le_bytes());
         self.arena.push(if deadline.is_some() { HAS_DEADLINE } else { 0 });
         self.arena.extend_from_slice(&deadline.unwrap_or(0).to_le_bytes());
         self.arena.extend_from_slice(key.as_bytes());
-        if let Some(record) = after {
+        if let Some(write_record) = write_record {
             let record_at = self.arena.len();
-            codec::encode_into(&mut self.arena, record);
+            write_record(&mut self.arena);
             let record_len = u32::try_from(self.arena.len() - record_at).expect("records are at most RECORD_BYTES_MAX");
             self.arena[at + 2..at + 6].copy_from_slice(&record_len.to_le_bytes());
         }

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use bincode::{Decode, Encode};
 
 use crate::codec;
-use crate::records::{Checkpoint, KeyChange, KeyRecord};
+use crate::records::{Checkpoint, KeyRecord};
 
 /// The log could not be read or written, or holds what it must not.
 #[derive(Debug, thiserror::Error)]
@@ -59,10 +59,30 @@ const FRAME_HEADER: usize = 8;
 /// A frame's payload is one host record at most; a larger length is a torn header.
 const FRAME_BYTES_MAX: u32 = codec::RECORD_BYTES_MAX as u32 + (64 << 10);
 
+/// A key change as the log writes it: its record encoded already (`codec`), so that
+/// a commit encodes each record once for the log and the overlay.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EncodedChange<'a> {
+    /// The key.
+    pub key: &'a str,
+    /// Its record's encoding; `None` for a deletion.
+    pub record: Option<&'a [u8]>,
+}
+
+/// Written as a [`ChangeIn`] reads it back: a record's encoding is the record's.
 #[derive(Encode)]
 struct ChangeOut<'a> {
     key: &'a str,
-    after: Option<&'a KeyRecord>,
+    after: Option<Encoded<'a>>,
+}
+
+/// Bytes that are an encoding already, written as they are.
+struct Encoded<'a>(&'a [u8]);
+
+impl Encode for Encoded<'_> {
+    fn encode<E: bincode::enc::Encoder>(&self, encoder: &mut E) -> Result<(), bincode::error::EncodeError> {
+        bincode::enc::write::Writer::write(encoder.writer(), self.0)
+    }
 }
 
 #[derive(Decode)]
@@ -170,10 +190,10 @@ impl RedoLog {
     }
 
     /// Appends one commit; with `durable`, returns once it is on disk.
-    pub fn append(
+    pub fn append<'c>(
         &mut self,
         seq: u64,
-        changes: &[KeyChange],
+        changes: impl IntoIterator<Item = EncodedChange<'c>>,
         checkpoint: &Checkpoint,
         durable: bool,
     ) -> Result<(), LogError> {
@@ -184,10 +204,12 @@ impl RedoLog {
             });
         }
         self.buf.clear();
+        let mut count = 0;
         for change in changes {
-            push_frame(&mut self.buf, TAG_CHANGE, &ChangeOut { key: &change.key, after: change.after.as_ref() });
+            push_frame(&mut self.buf, TAG_CHANGE, &ChangeOut { key: change.key, after: change.record.map(Encoded) });
+            count += 1;
         }
-        push_frame(&mut self.buf, TAG_COMMIT, &CommitOut { seq, changes: changes.len() as u64, checkpoint });
+        push_frame(&mut self.buf, TAG_COMMIT, &CommitOut { seq, changes: count, checkpoint });
         let written =
             self.file.write_all(&self.buf).and_then(|()| if durable { self.file.sync_data() } else { Ok(()) });
         if let Err(cause) = written {

@@ -49,7 +49,7 @@ use crate::fold_mark::{self, FoldMark};
 use crate::overlay::Overlay;
 use crate::page::{Merged, PAGE_BYTES_MAX, Page};
 pub use crate::records::{BatchPlan, Checkpoint, Counters, KeyChange, KeyRecord, PipelineIdentity};
-use crate::redo::{self, LogError, RedoLog};
+use crate::redo::{self, EncodedChange, LogError, RedoLog};
 
 const PREFIX_PAGE: u8 = b'p';
 const PREFIX_TIMER: u8 = b't';
@@ -233,6 +233,41 @@ pub struct Store {
     log_bytes: u64,
     /// Tests only: the next fold fails before it writes anything.
     fail_next_fold: std::sync::atomic::AtomicBool,
+    /// The records of the last commit, encoded once for the log and the overlay.
+    encoded: EncodedRecords,
+}
+
+/// The records of a commit's changes, encoded one after the other.
+#[derive(Debug, Default)]
+struct EncodedRecords {
+    bytes: Vec<u8>,
+    /// Where each change's encoding ends (a deletion's is empty).
+    ends: Vec<usize>,
+}
+
+impl EncodedRecords {
+    fn fill(&mut self, changes: &[KeyChange]) {
+        if self.bytes.capacity() > 4 << 20 {
+            *self = Self::default();
+        }
+        self.bytes.clear();
+        self.ends.clear();
+        for change in changes {
+            if let Some(record) = &change.after {
+                codec::encode_into(&mut self.bytes, record);
+            }
+            self.ends.push(self.bytes.len());
+        }
+    }
+
+    /// `changes`, which [`EncodedRecords::fill`] took, with their encoded records.
+    fn changes<'a>(&'a self, changes: &'a [KeyChange]) -> impl Iterator<Item = EncodedChange<'a>> + 'a {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        changes.iter().zip(starts.zip(&self.ends)).map(|(change, (start, &end))| EncodedChange {
+            key: &change.key,
+            record: change.after.as_ref().map(|_| &self.bytes[start..end]),
+        })
+    }
 }
 
 /// Committed state as a batch's 0.2 calls read it: point reads and prefix ranges over
@@ -637,6 +672,7 @@ impl Store {
             buffer_bytes,
             log_bytes,
             fail_next_fold: false.into(),
+            encoded: EncodedRecords::default(),
         };
         store.fold()?;
         Ok(store)
@@ -851,11 +887,12 @@ impl Store {
             );
             assert!(change.key.len() <= KEY_BYTES_MAX, "over-long key reached the store");
         }
-        self.log.append(self.seq + 1, changes, checkpoint, durable)?;
+        self.encoded.fill(changes);
+        self.log.append(self.seq + 1, self.encoded.changes(changes), checkpoint, durable)?;
         self.seq += 1;
         let overlay = Arc::make_mut(&mut self.overlay);
-        for change in changes {
-            overlay.apply(&change.key, change.after.as_ref());
+        for (encoded, change) in self.encoded.changes(changes).zip(changes) {
+            overlay.apply_encoded(encoded.key, encoded.record, change.after.as_ref().and_then(|r| r.timeout_ms));
         }
         self.checkpoint = Some(checkpoint.clone());
         Ok(())
