@@ -14,6 +14,7 @@
 //! about 128 KiB as a file of its own, which larger pages would make the rule.
 
 use crate::codec::{self, DecodeError};
+use crate::key_order::cmp_keys;
 use crate::records::{KeyRecord, KeyRecordRef};
 
 /// A page is split when its encoding grows past this (a few in tests, so that the
@@ -79,7 +80,7 @@ impl Page {
     /// without decoding the others.
     pub fn encode(&self) -> Vec<u8> {
         let records: Vec<Vec<u8>> = self.entries.iter().map(|(_, r)| codec::encode(r)).collect();
-        encode_entries(self.entries.iter().zip(&records).map(|((k, _), r)| (k.as_str(), r.as_slice())))
+        encode_entries(self.entries.iter().zip(&records).map(|((k, _), r)| (k.as_bytes(), r.as_slice())))
     }
 
     /// Merges `changes` (sorted by key, each an encoded record to set or `None` to
@@ -94,27 +95,28 @@ impl Page {
         let count = view.as_ref().map_or(0, |v| v.count);
         let mut old_min: Option<i64> = None;
         let mut new_min: Option<i64> = None;
-        let mut kept: Vec<(&str, &[u8])> = Vec::with_capacity(count + 4);
+        // Keys as the page holds them: their UTF-8 is checked where a page is decoded.
+        let mut kept: Vec<(&[u8], &[u8])> = Vec::with_capacity(count + 4);
         let mut changes = changes.into_iter().peekable();
         let mut at = 0;
         loop {
             let old = match &view {
-                Some(v) if at < count => Some(v.entry(at)?),
+                Some(v) if at < count => Some(v.raw_entry(at)?),
                 _ => None,
             };
-            let next_change = changes.peek().map(|(k, _)| *k);
+            let next_change = changes.peek().map(|(k, _)| k.as_bytes());
             let take_old = match (old, next_change) {
                 (None, None) => break,
                 (Some(_), None) => true,
                 (None, Some(_)) => false,
-                (Some((k, _)), Some(c)) => k < c,
+                (Some((k, _)), Some(c)) => cmp_keys(k, c).is_lt(),
             };
             if take_old {
                 let (key, record) = old.expect("take_old implies an old entry");
                 let deadline = codec::borrow_decode::<KeyRecordRef<'_>>("page record", record)?.timeout_ms;
                 old_min = min_of(old_min, deadline);
                 new_min = min_of(new_min, deadline);
-                if kept.last().is_some_and(|(k, _)| *k >= key) {
+                if kept.last().is_some_and(|(k, _)| cmp_keys(k, key).is_ge()) {
                     return Err(DecodeError::invalid("page", "keys out of order"));
                 }
                 kept.push((key, record));
@@ -122,6 +124,7 @@ impl Page {
                 continue;
             }
             let (key, record) = changes.next().expect("a change is next");
+            let key = key.as_bytes();
             if let Some((_, old_record)) = old.filter(|(k, _)| *k == key) {
                 old_min =
                     min_of(old_min, codec::borrow_decode::<KeyRecordRef<'_>>("page record", old_record)?.timeout_ms);
@@ -214,7 +217,7 @@ fn min_of(a: Option<i64>, b: Option<i64>) -> Option<i64> {
 }
 
 /// Encodes sorted entries (key, encoded record) as a page (see [`Page::encode`]).
-fn encode_entries<'e>(entries: impl Iterator<Item = (&'e str, &'e [u8])> + Clone) -> Vec<u8> {
+fn encode_entries<'e>(entries: impl Iterator<Item = (&'e [u8], &'e [u8])> + Clone) -> Vec<u8> {
     let (count, body) = entries.clone().fold((0, 0), |(n, len), (k, r)| (n + 1, len + 6 + k.len() + r.len()));
     let table = 4 + 4 * count;
     let mut out = Vec::with_capacity(table + body);
@@ -227,7 +230,7 @@ fn encode_entries<'e>(entries: impl Iterator<Item = (&'e str, &'e [u8])> + Clone
     for (key, record) in entries {
         // Keys are at most `KEY_BYTES_MAX` (4 KiB) long: the store refuses longer.
         out.extend_from_slice(&(key.len() as u16).to_le_bytes());
-        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(key);
         out.extend_from_slice(&(record.len() as u32).to_le_bytes());
         out.extend_from_slice(record);
     }
@@ -255,7 +258,7 @@ impl<'a> View<'a> {
         let (mut low, mut high) = (0, self.count);
         while low < high {
             let mid = (low + high) / 2;
-            if self.raw_key(mid)? < key {
+            if cmp_keys(self.raw_key(mid)?, key).is_lt() {
                 low = mid + 1;
             } else {
                 high = mid;

@@ -46,6 +46,7 @@ use bincode::Decode;
 
 use crate::codec;
 use crate::fold_mark::{self, FoldMark};
+use crate::key_order::cmp_keys;
 use crate::overlay::Overlay;
 use crate::page::{Merged, PAGE_BYTES_MAX, Page};
 pub use crate::records::{BatchPlan, Checkpoint, Counters, KeyChange, KeyRecord, PipelineIdentity};
@@ -1217,7 +1218,7 @@ impl Folder {
             };
             // The overlay's keys below the fence belong to this page.
             let start = i;
-            while i < changes.len() && changes[i].0.as_bytes() < fence.as_slice() {
+            while i < changes.len() && cmp_keys(changes[i].0.as_bytes(), &fence).is_lt() {
                 i += 1;
             }
             let merged = Page::merge(bytes.as_deref(), changes[start..i].iter().copied())?;
@@ -1281,7 +1282,7 @@ impl<'t> PageCursor<'t> {
     /// The page whose range holds `key` (its sled key and bytes), or `None` when no
     /// page is above it; `key` is at or above the keys asked before.
     fn page_of(&mut self, key: &str) -> Result<Option<&(sled::IVec, sled::IVec)>> {
-        let above = |page: &(sled::IVec, sled::IVec)| key.as_bytes() < &page.0[1..];
+        let above = |page: &(sled::IVec, sled::IVec)| cmp_keys(key.as_bytes(), &page.0[1..]).is_lt();
         if self.page.as_ref().is_some_and(above) {
             return Ok(self.page.as_ref());
         }
