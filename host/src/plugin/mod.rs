@@ -349,6 +349,8 @@ impl Runtime {
         config.wasm_component_model(true);
         config.epoch_interruption(cpu_limit);
         config.max_wasm_stack(limits.wasm_stack_bytes_max);
+        // For profiling: wasmtime writes `/tmp/perf-PID.map`, so that `perf` names the
+        // plugin's compiled functions (README, "Benchmark").
         if std::env::var_os("GROUPSTATE_PERFMAP").is_some() {
             config.profiler(wasmtime::ProfilingStrategy::PerfMap);
         }
