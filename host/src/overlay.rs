@@ -7,9 +7,10 @@
 //! the store folds when the keys are many: a fold rewrites every page that holds one
 //! of its keys. So it is kept compact. Each change is appended to one arena as the
 //! bytes a page holds (the key and the `codec` encoding of its record), a hash table
-//! of arena offsets finds a key's latest entry, and the timers point at entries: about
-//! 75 bytes a key for the sensor workload, where a map of strings to records took
-//! about 250. An arena more than half garbage (entries replaced by a later change of
+//! of arena offsets finds a key's latest entry, and the timers point at entries: for
+//! 300 000 keys of the sensor workload, 105 bytes a key as [`Overlay::bytes`] counts
+//! them (64 of arena, 26 of hash table, 16 of timer), where a map of strings to
+//! records took about 250. An arena more than half garbage (entries replaced by a later change of
 //! their key) is compacted.
 //!
 //! The timers are appended to buckets of nearby deadlines, never removed: a timer
