@@ -10,8 +10,8 @@
 //! of arena offsets finds a key's latest entry, and the timers point at entries: for
 //! 300 000 keys of the sensor workload, 105 bytes a key as [`Overlay::bytes`] counts
 //! them (64 of arena, 26 of hash table, 16 of timer), where a map of strings to
-//! records took about 250. An arena more than half garbage (entries replaced by a later change of
-//! their key) is compacted.
+//! records took about 250. An arena more than half garbage (entries replaced by a
+//! later change of their key) is compacted.
 //!
 //! The timers are appended to buckets of nearby deadlines, never removed: a timer
 //! whose entry a later change replaced is dead, skipped by the reads and dropped by
