@@ -6,7 +6,7 @@
 
 use crate::export::run_process;
 use crate::testing::TestState;
-use crate::{Error, FromKey, GroupState, StateFunction, TimeoutKind, wit};
+use crate::{FromKey, GroupState, StateFunction, TimeoutKind, wit};
 
 /// The layout of the `calls` argument this SDK reads.
 const VERSION: u8 = 1;
@@ -55,7 +55,7 @@ pub fn process_batch<T: StateFunction>(mut instance: Option<&mut T>, calls: &[u8
         let key = match T::Key::refill(&mut key_slot, key) {
             Ok(key) => key,
             Err(error) => {
-                write_err(&mut out, &String::from(Error::from(error)));
+                write_err(&mut out, &error.call_message());
                 continue;
             }
         };

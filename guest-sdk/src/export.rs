@@ -1,6 +1,6 @@
 //! The glue between the generated WIT exports and a [`StateFunction`]: decoding keys, events and state, encoding outputs. Used by [`export_plugin!`](crate::export_plugin).
 
-use crate::{Error, Event, FromKey, GroupState, Params, StateFunction, codec, wit};
+use crate::{Error, Event, FromKey, GroupState, KeyError, Params, StateFunction, codec, wit};
 
 /// `info`: the plugin's [`PluginInfo`](crate::PluginInfo) in WIT form.
 pub fn info<T: StateFunction>() -> wit::PluginInfo {
@@ -31,7 +31,7 @@ pub fn process<T: StateFunction>(
     let Some(instance) = instance else {
         return Err(NOT_INITIALISED.to_string());
     };
-    let key = T::Key::from_key(key).map_err(|error| String::from(Error::from(error)))?;
+    let key = T::Key::from_key(key).map_err(KeyError::call_message)?;
     let events = events.into_iter().map(|event| (event.event_time_ms, event.payload));
     run_process(instance, &key, events, GroupState::from_host(state)).map_err(String::from)
 }

@@ -85,6 +85,12 @@ impl KeyError {
     pub fn new(key: &str, expected: impl Into<String>) -> Self {
         KeyError { key: key.to_string(), expected: expected.into() }
     }
+
+    /// The error message of a call given this key, as of any error its `process`
+    /// returns.
+    pub(crate) fn call_message(self) -> String {
+        String::from(crate::Error::from(self))
+    }
 }
 
 impl fmt::Display for KeyError {

@@ -54,7 +54,7 @@ use serde::de::DeserializeOwned;
 
 use crate::codec::{self, CodecError};
 use crate::export::run_process;
-use crate::{Error, Event, FromKey, GroupState, Params, StateError, StateFunction, TimeoutKind};
+use crate::{Event, FromKey, GroupState, KeyError, Params, StateError, StateFunction, TimeoutKind};
 
 /// One key's state as the host keeps it, for native tests: the value (as encoded
 /// bytes), the timeout deadline, and the batch's watermark and processing time.
@@ -268,7 +268,7 @@ fn call<T: StateFunction>(
     timed_out: bool,
     state: &mut TestState,
 ) -> Result<Vec<String>, String> {
-    let key = T::Key::from_key(key.to_string()).map_err(|error| String::from(Error::from(error)))?;
+    let key = T::Key::from_key(key.to_string()).map_err(KeyError::call_message)?;
     let before = state.clone();
     state.begin_call(timed_out);
     let events = events.iter().map(|event| (event.time_ms, event.value));

@@ -21,7 +21,7 @@ use std::marker::PhantomData;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::{Error, Event, FromKey, Params, PluginInfo, codec};
+use crate::{Error, Event, FromKey, KeyError, Params, PluginInfo, codec};
 
 /// The bindings wit-bindgen generates for the 0.2 world. Not part of the SDK's API.
 #[doc(hidden)]
@@ -731,7 +731,7 @@ pub mod export {
         state: &KeyState<'_>,
     ) -> Result<Vec<String>, String> {
         let instance = instance.ok_or_else(|| format!("process {NO_INIT}"))?;
-        let key = T::Key::from_key(key).map_err(|e| String::from(Error::from(e)))?;
+        let key = T::Key::from_key(key).map_err(KeyError::call_message)?;
         let count = events.len();
         let mut decoded = Vec::with_capacity(count);
         for (index, event) in events.into_iter().enumerate() {
@@ -752,7 +752,7 @@ pub mod export {
         state: &KeyState<'_>,
     ) -> Result<Vec<String>, String> {
         let instance = instance.ok_or_else(|| format!("handle-expired-timer {NO_INIT}"))?;
-        let key = T::Key::from_key(key).map_err(|e| String::from(Error::from(e)))?;
+        let key = T::Key::from_key(key).map_err(KeyError::call_message)?;
         let out = instance.handle_expired_timer(&key, timer, state).map_err(String::from)?;
         outputs(out)
     }
@@ -774,7 +774,7 @@ pub mod export {
         state: &KeyState<'_>,
     ) -> Result<(), String> {
         let instance = instance.ok_or_else(|| format!("handle-initial-state {NO_INIT}"))?;
-        let key = T::Key::from_key(key).map_err(|e| String::from(Error::from(e)))?;
+        let key = T::Key::from_key(key).map_err(KeyError::call_message)?;
         let json = serde_json::from_str(&state_json).map_err(|e| {
             format!("the initial state is not valid JSON ({e}): the host sends the line's `state` value")
         })?;
