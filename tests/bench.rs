@@ -107,6 +107,12 @@ fn data_dir() -> PathBuf {
     dir
 }
 
+/// Whether the pipelines wait for each commit to reach the disk: yes, unless
+/// `BENCH_NO_FSYNC` is set (to measure what the fsyncs cost).
+fn durable_commits() -> bool {
+    std::env::var_os("BENCH_NO_FSYNC").is_none()
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -278,7 +284,7 @@ fn one(config: &str, input: &Path, batch_events: usize) {
             if batch_events > 0 {
                 pc.batch_events_max = batch_events;
             }
-            pc.durable_commits = true;
+            pc.durable_commits = durable_commits();
             // BENCH_STORE_BUFFER=0 folds into sled at every commit, as if there were no
             // redo log.
             let env_bytes = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
@@ -484,7 +490,7 @@ fn timers(keys: &[u64], batches: usize) {
         eprintln!("prefilled {n} keys in {:.1} s", (clock.monotonic_ns() - t) as f64 / 1e9);
         let mut pc = sensor_config(&input, dir.path());
         pc.batch_events_max = per_batch;
-        pc.durable_commits = std::env::var_os("BENCH_NO_FSYNC").is_none();
+        pc.durable_commits = durable_commits();
         let started = clock.monotonic_ns();
         let mut pipeline = Pipeline::open(pc, Arc::new(SystemClock)).expect("open");
         let opened = clock.monotonic_ns();
@@ -619,7 +625,7 @@ fn state_cost(size: u64, ops: u64, runs: usize) {
         config.batch_events_max = 1;
         config.time_field = Some("ts".into());
         config.on_error = groupstate::ErrorPolicy::Fail;
-        config.durable_commits = std::env::var_os("BENCH_NO_FSYNC").is_none();
+        config.durable_commits = durable_commits();
         config.cache_dir = Some(groupstate_tests::cache_dir());
         let mut pipeline = Pipeline::open(config, Arc::new(SystemClock)).expect("open");
         let mut batches = Vec::new();

@@ -936,7 +936,7 @@ fn remove_expired(view: &mut BatchView, ctx: &CallContext, limit: usize) -> Resu
 /// Whether the store holds an entry expired at these thresholds (so a batch without
 /// data has entries to remove).
 pub fn has_expired_entries(store: &Store, processing_time_ms: i64, watermark_ms: i64) -> Result<bool, StoreError> {
-    let reader = store.reader();
+    let reader = store.reader()?;
     for (event_time, threshold) in [(false, processing_time_ms), (true, watermark_ms)] {
         let (start, end) = sk::expired_range(event_time, threshold);
         if !reader.scan_range(&start, &end, 0)?.is_empty() {
@@ -956,7 +956,7 @@ pub fn run_initial_state(
     ctx: &CallContext,
     states: impl Iterator<Item = (String, String)>,
 ) -> Result<Result<Vec<KeyChange>, InitialStateRefused>, StoreError> {
-    let mut view = BatchView { reader: store.reader(), applied: BTreeMap::new() };
+    let mut view = BatchView { reader: store.reader()?, applied: BTreeMap::new() };
     for (index, (key, json)) in states.enumerate() {
         // No watermark before the first batch: an event-time TTL counts from the load's
         // processing time (the WIT's `ttl-clock`).
@@ -1011,7 +1011,7 @@ pub fn run_batch(
     stop_on_failure: bool,
 ) -> Result<KeyedBatch, StoreError> {
     let mut out = KeyedBatch::default();
-    let mut reader = store.reader();
+    let mut reader = store.reader()?;
     let prefixes: Vec<String> = groups.iter().map(|&(key, _)| sk::group_prefix(key)).collect();
     reader.read_ahead(prefixes.iter().map(String::as_str))?;
     let mut view = BatchView { reader, applied: BTreeMap::new() };

@@ -125,6 +125,9 @@ pub(crate) struct RedoLog {
     /// would follow a torn frame and be lost on replay.
     broken: bool,
     buf: Vec<u8>,
+    /// Tests only: the next durable append fails after its write, as a failed fsync.
+    #[cfg(test)]
+    pub(crate) fail_next_sync: bool,
 }
 
 impl RedoLog {
@@ -181,7 +184,15 @@ impl RedoLog {
         // A torn tail is not cut off here: the store folds what was replayed and then
         // empties the whole file.
         let len = file.metadata().map_err(log_err)?.len();
-        Ok(Self { path: path.to_owned(), file, len, broken: false, buf: Vec::new() })
+        Ok(Self {
+            path: path.to_owned(),
+            file,
+            len,
+            broken: false,
+            buf: Vec::new(),
+            #[cfg(test)]
+            fail_next_sync: false,
+        })
     }
 
     /// The log's length in bytes.
@@ -210,8 +221,7 @@ impl RedoLog {
             count += 1;
         }
         push_frame(&mut self.buf, TAG_COMMIT, &CommitOut { seq, changes: count, checkpoint });
-        let written =
-            self.file.write_all(&self.buf).and_then(|()| if durable { self.file.sync_data() } else { Ok(()) });
+        let written = self.file.write_all(&self.buf).and_then(|()| if durable { self.sync() } else { Ok(()) });
         if let Err(cause) = written {
             // Cut the partial append off, so that later commits do not follow it.
             if self.file.set_len(self.len).is_err() {
@@ -224,6 +234,15 @@ impl RedoLog {
             self.buf = Vec::new();
         }
         Ok(())
+    }
+
+    /// Waits for what was written to reach the disk.
+    fn sync(&mut self) -> io::Result<()> {
+        #[cfg(test)]
+        if std::mem::take(&mut self.fail_next_sync) {
+            return Err(io::Error::other("injected fsync failure"));
+        }
+        self.file.sync_data()
     }
 
     /// Moves the log's file to `to`, for a fold on another thread to fold and then

@@ -150,7 +150,7 @@ pub fn show_keys(store: &Store, key: Option<&str>, plugin: Option<Plugin>, out: 
     let mut current: Option<KeyView> = None;
     let mut found = false;
     let entries: Box<dyn Iterator<Item = _>> = match key {
-        Some(key) => Box::new(store.reader().scan_prefix(&sk::group_prefix(key), usize::MAX - 1)?.into_iter().map(Ok)),
+        Some(key) => Box::new(store.reader()?.scan_prefix(&sk::group_prefix(key), usize::MAX - 1)?.into_iter().map(Ok)),
         None => Box::new(store.iter_keys()),
     };
     for entry in entries {
