@@ -1111,7 +1111,13 @@ impl Store {
     /// only into a new page below the old one's fence, which the scan has not passed
     /// yet, and the keys whose records the fold changes come from its overlay.
     pub fn iter_keys(&self) -> impl Iterator<Item = Result<(String, KeyRecord)>> + '_ {
-        let refused = self.usable().err().map(Err);
+        let refused = self.usable().err();
+        let keys = refused.is_none().then(|| self.merged_keys());
+        refused.map(Err).into_iter().chain(keys.into_iter().flatten())
+    }
+
+    /// sled's records merged with the overlays', in key order (see [`Store::iter_keys`]).
+    fn merged_keys(&self) -> impl Iterator<Item = Result<(String, KeyRecord)>> + '_ {
         let stored = self
             .folder
             .tree
@@ -1129,8 +1135,7 @@ impl Store {
         let folding = decoded_records(folding.into_iter().filter(move |(key, _)| !overlay.holds(key)));
         let buffered = decoded_records(overlay.sorted().into_iter());
         let buffered = MergeSorted { a: folding.peekable(), b: buffered.peekable(), le: |x, y| x.0 <= y.0 };
-        let merged = MergeSorted { a: stored.peekable(), b: buffered.peekable(), le: |x, y| x.0 <= y.0 };
-        refused.into_iter().chain(self.unusable.is_none().then_some(merged).into_iter().flatten())
+        MergeSorted { a: stored.peekable(), b: buffered.peekable(), le: |x, y| x.0 <= y.0 }
     }
 
     /// Whether a key's committed record is in one of the overlays (and not in sled).
