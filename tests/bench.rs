@@ -281,6 +281,10 @@ fn one(config: &str, input: &Path, batch_events: usize) {
                 pc.plugin = PathBuf::from(plugins::INACTIVITY_ALERT_V2);
                 pc.timeout = TimeoutKind::ProcessingTime;
             }
+            // BENCH_PLUGIN runs another build of the plugin (to compare guest changes).
+            if let Some(plugin) = std::env::var_os("BENCH_PLUGIN").filter(|_| config == "wasm") {
+                pc.plugin = PathBuf::from(plugin);
+            }
             if batch_events > 0 {
                 pc.batch_events_max = batch_events;
             }

@@ -45,6 +45,10 @@ pub(crate) struct Groups {
     events: Vec<Span>,
     /// While the batch is being read: the key of each event, in arrival order.
     arrivals: Vec<u32>,
+    /// The keys' numbers in the order of their bytes, made by [`Groups::finish`] on the
+    /// thread that reads the batch, so that the batch loop need not sort a batch's
+    /// keys to read them from the store ([`Groups::key_order`]).
+    key_order: Vec<u32>,
 }
 
 /// The other half of the sort that [`Groups::finish`] does: kept by the thread that
@@ -63,6 +67,7 @@ impl Groups {
         self.keys.clear();
         self.events.clear();
         self.arrivals.clear();
+        self.key_order.clear();
     }
 
     /// Makes room for `keys` keys.
@@ -120,6 +125,12 @@ impl Groups {
     /// their events' lines from one run of memory, not from all over a batch's text
     /// (a tenth of the calling thread's time went to waiting for those scattered lines).
     pub fn finish(&mut self, scratch: &mut Scratch) {
+        // A batch's keys are far fewer than 2^32: `batch_keys_max` bounds them.
+        let numbers: Vec<u32> = (0..self.keys.len() as u32).collect();
+        self.key_order = crate::key_order::sorted_by_key(&numbers, |&i| {
+            let k = self.keys[i as usize];
+            &self.key_text.as_bytes()[k.start..k.end]
+        });
         let mut at = 0;
         for k in &mut self.keys {
             let count = k.events_end;
@@ -166,6 +177,12 @@ impl Groups {
         std::mem::swap(&mut self.text, text);
     }
 
+    /// The keys' numbers (as [`Groups::ranges`] counts them) in the order of their
+    /// bytes; `None` before [`Groups::finish`] and after [`Groups::retain`].
+    pub fn key_order(&self) -> Option<&[u32]> {
+        (self.key_order.len() == self.keys.len()).then_some(&self.key_order[..])
+    }
+
     /// The events, key by key, as the plugin takes them (after [`Groups::finish`]).
     pub fn events(&self) -> impl Iterator<Item = Event<'_>> {
         self.events.iter().map(|s| Event { event_time_ms: s.event_time_ms, payload: &self.text[s.start..s.end] })
@@ -205,6 +222,7 @@ impl Groups {
         }
         self.events.truncate(kept);
         self.keys.truncate(keys_kept);
+        self.key_order.clear();
     }
 }
 
@@ -287,13 +305,16 @@ mod tests {
     #[test]
     fn one_event_per_key_needs_no_sort() {
         let mut g = Groups::default();
-        for (i, k) in ["x", "y", "z"].into_iter().enumerate() {
+        for (i, k) in ["y", "x", "z"].into_iter().enumerate() {
             g.push(i, k, k, None);
         }
+        assert_eq!(g.key_order(), None, "not finished");
         g.finish(&mut Scratch::default());
+        // Calls keep the order of first appearance; the store reads in key order.
+        assert_eq!(g.key_order(), Some(&[1, 0, 2][..]));
         assert_eq!(
             contents(&g).iter().map(|(k, e)| (k.as_str(), e.len())).collect::<Vec<_>>(),
-            [("x", 1), ("y", 1), ("z", 1)]
+            [("y", 1), ("x", 1), ("z", 1)]
         );
     }
 
@@ -304,6 +325,7 @@ mod tests {
             g.push(["a", "b", "c"].iter().position(|x| *x == k).unwrap(), k, &format!("{k}{t}"), Some(t));
         }
         g.finish(&mut Scratch::default());
+        assert_eq!(g.key_order(), Some(&[0, 1, 2][..]));
         let mut dropped = Vec::new();
         g.retain(|key, e| {
             let keep = e.event_time_ms.is_some_and(|t| t < 5) || key == "c";
@@ -321,6 +343,7 @@ mod tests {
                 ("c".into(), vec![(Some(2), "c2".into())]),
             ]
         );
+        assert_eq!(g.key_order(), None, "the keys were renumbered");
         g.retain(|key, _| key == "b");
         assert_eq!(g.keys().collect::<Vec<_>>(), ["b"]);
         assert_eq!(g.event_count(), 1);

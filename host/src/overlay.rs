@@ -57,6 +57,13 @@ const COMPOSITE_KEY_BYTES: u64 = 48;
 /// An arena is not compacted below this size.
 const COMPACT_MIN_BYTES: usize = 1 << 20;
 
+/// A key's hash in every overlay's table: one seed for the process, so that a key
+/// looked up in the overlay and in the one being folded is hashed once.
+pub(crate) fn hash(key: &str) -> u64 {
+    static SEED: std::sync::OnceLock<foldhash::fast::RandomState> = std::sync::OnceLock::new();
+    SEED.get_or_init(foldhash::fast::RandomState::default).hash_one(key)
+}
+
 /// One entry of the arena.
 #[derive(Debug, Clone, Copy)]
 struct Entry<'a> {
@@ -132,7 +139,6 @@ pub(crate) struct Overlay {
     timers: Timers,
     /// The bytes of the latest entries (the rest of the arena is garbage).
     live: usize,
-    hasher: foldhash::fast::RandomState,
     /// The keys holding a `\0` (0.2 state), in key order.
     composite: BTreeSet<Box<str>>,
     /// What `composite` takes, about.
@@ -158,7 +164,7 @@ impl Overlay {
 
     /// Empties it, keeping its memory (the arena's and the hash table's room).
     pub fn clear(&mut self) {
-        let Self { arena, index, timers, live, hasher: _, composite, composite_bytes } = self;
+        let Self { arena, index, timers, live, composite, composite_bytes } = self;
         arena.clear();
         index.clear();
         timers.clear();
@@ -195,8 +201,8 @@ impl Overlay {
             let record_len = u32::try_from(self.arena.len() - record_at).expect("records are at most RECORD_BYTES_MAX");
             self.arena[at + 2..at + 6].copy_from_slice(&record_len.to_le_bytes());
         }
-        let Self { arena, index, timers, live, hasher, composite, composite_bytes } = self;
-        let hash = hasher.hash_one(key);
+        let Self { arena, index, timers, live, composite, composite_bytes } = self;
+        let hash = hash(key);
         match index.find_mut(hash, |s| entry_key(arena, s.at) == key.as_bytes()) {
             Some(slot) => {
                 // Its timer, if any, is dead from now on.
@@ -223,12 +229,12 @@ impl Overlay {
 
     /// Copies the latest entries into a new arena, in their order, and drops the rest.
     fn compact(&mut self) {
-        let Self { arena, index, timers, live, hasher, .. } = self;
+        let Self { arena, index, timers, live, .. } = self;
         let mut kept = Vec::with_capacity(*live * 3 / 2);
         // (old offset, new offset), in the order of both.
         let mut moved: Vec<(usize, usize)> = Vec::with_capacity(index.len());
         for (at, entry) in live_entries(arena) {
-            let slot = index.find_mut(hasher.hash_one(entry.key), |s| s.at == at).expect("a live entry has its slot");
+            let slot = index.find_mut(hash(entry.key), |s| s.at == at).expect("a live entry has its slot");
             slot.at = kept.len();
             moved.push((at, kept.len()));
             kept.extend_from_slice(&arena[at..at + entry.len]);
@@ -243,8 +249,22 @@ impl Overlay {
     /// The committed record of `key` (encoded), if the overlay has one: `Some(None)`
     /// for a key it deleted, `None` for a key it does not hold (look in sled).
     pub fn get(&self, key: &str) -> Option<Option<&[u8]>> {
-        let slot = self.index.find(self.hasher.hash_one(key), |s| entry_key(&self.arena, s.at) == key.as_bytes())?;
+        self.get_hashed(key, hash(key))
+    }
+
+    /// [`Overlay::get`] for a key whose [`hash`] is known: a read that looks in two
+    /// overlays hashes the key once.
+    pub fn get_hashed(&self, key: &str, hash: u64) -> Option<Option<&[u8]>> {
+        let slot = self.index.find(hash, |s| entry_key(&self.arena, s.at) == key.as_bytes())?;
         Some(read_entry(&self.arena, slot.at).record)
+    }
+
+    /// Looks the keys up and forgets the answers: what a run of changes is about to
+    /// read (their hash slots and latest entries) is then in the processor's cache.
+    pub fn touch<'k>(&self, keys: impl Iterator<Item = &'k str>) {
+        for key in keys {
+            std::hint::black_box(self.get(key).is_some());
+        }
     }
 
     /// Whether the overlay holds `key` (its record replaces sled's).
@@ -294,7 +314,7 @@ impl Overlay {
         let (mut want, mut live) = (BTreeSet::new(), 0);
         for &Slot { hash, at } in &self.index {
             let entry = read_entry(&self.arena, at);
-            if hash != self.hasher.hash_one(entry.key) || self.index.find(hash, |s| s.at == at).is_none() {
+            if hash != self::hash(entry.key) || self.index.find(hash, |s| s.at == at).is_none() {
                 return Err(format!("key {:?} is not where its hash says", entry.key));
             }
             if entry.replaced {

@@ -856,7 +856,8 @@ impl Pipeline {
         batch.changes.reserve(groups.len());
         let mut events: Vec<Event<'_>> = relabel(std::mem::take(&mut self.spare.events));
         events.extend(groups.events());
-        let called = self.call_listed(batch, groups.ranges().map(|(key, range)| (key, &events[range], None)));
+        let calls = groups.ranges().map(|(key, range)| (key, &events[range], None));
+        let called = self.call_listed(batch, calls, groups.key_order());
         self.spare.events = relabel(events);
         called?;
         let Some(threshold) = self.timeout_threshold(batch.plan.watermark_ms, batch.plan.processing_time_ms) else {
@@ -873,16 +874,22 @@ impl Pipeline {
             expired.into_iter().filter(|(_, k)| !data_keys.contains(k.as_str())).take(limit).collect();
         batch.changes.reserve(expired.len());
         batch.timeout_keys += expired.len() as u64;
-        self.call_listed(batch, expired.iter().map(|(deadline, key)| (key.as_str(), &[][..], Some(*deadline))))
+        self.call_listed(batch, expired.iter().map(|(deadline, key)| (key.as_str(), &[][..], Some(*deadline))), None)
     }
 
     /// Lists `calls` in the spare call vector, loads their keys' records, and runs
     /// [`Pipeline::call_keys`], timed as a run (also when a call failed the batch: its
-    /// stage times include the attempt).
-    fn call_listed<'a>(&mut self, batch: &mut Batch, calls: impl Iterator<Item = Call<'a>>) -> Result<(), Error> {
+    /// stage times include the attempt). `key_order` numbers the calls in the order of
+    /// their keys, if the caller has it (see `Store::get_many`).
+    fn call_listed<'a>(
+        &mut self,
+        batch: &mut Batch,
+        calls: impl Iterator<Item = Call<'a>>,
+        key_order: Option<&[u32]>,
+    ) -> Result<(), Error> {
         let mut listed: Vec<Call<'_>> = relabel(std::mem::take(&mut self.spare.calls));
         listed.extend(calls);
-        let called = self.load(listed.iter().map(|&(key, _, _)| key)).and_then(|loaded| {
+        let called = self.load(listed.iter().map(|&(key, _, _)| key), key_order).and_then(|loaded| {
             let started = self.calls_started();
             let called = self.call_keys(batch, &listed, loaded);
             self.calls_done(started);
@@ -938,13 +945,17 @@ impl Pipeline {
     }
 
     /// Loads the committed records of a batch's keys at once (see `Store::get_many`).
-    fn load<'k>(&mut self, keys: impl Iterator<Item = &'k str>) -> Result<Vec<Option<KeyRecord>>, Error> {
+    fn load<'k>(
+        &mut self,
+        keys: impl Iterator<Item = &'k str>,
+        key_order: Option<&[u32]>,
+    ) -> Result<Vec<Option<KeyRecord>>, Error> {
         let started = self.clock.monotonic_ns();
         let mut asked: Vec<&str> = relabel(std::mem::take(&mut self.spare.keys));
         asked.extend(keys);
         let mut loaded = std::mem::take(&mut self.spare.loaded);
         debug_assert!(loaded.is_empty(), "call_keys empties the loaded records it keeps");
-        let result = self.store.get_many(&asked, &mut loaded);
+        let result = self.store.get_many(&asked, key_order, &mut loaded);
         self.spare.keys = relabel(asked);
         self.stages.state_load_ns += self.since(started);
         result?;

@@ -80,6 +80,10 @@ const WORLD_TMP: &str = "world.json.tmp";
 /// update the overlay).
 const APPLY_WHILE_SYNCING_CHANGES_MIN: usize = 1024;
 
+/// The keys whose overlay lookups run one after the other, before the work that uses
+/// them.
+const PROBE_RUN_KEYS: usize = 32;
+
 /// The most arena an empty overlay reserves (`store_buffer_bytes` may be far more).
 const OVERLAY_RESERVED_MAX: u64 = 256 << 20;
 
@@ -810,7 +814,7 @@ impl Store {
     /// Loads a key's committed record.
     pub fn get(&self, key: &str) -> Result<Option<KeyRecord>> {
         let mut out = Vec::with_capacity(1);
-        self.get_many(&[key], &mut out)?;
+        self.get_many(&[key], None, &mut out)?;
         Ok(out.pop().flatten())
     }
 
@@ -819,20 +823,32 @@ impl Store {
     /// holds a partial answer, to be discarded). The keys not in
     /// the overlay are looked up in key order, each page read from sled once for all
     /// of its keys: a batch over a million keys touches each page once, not once per
-    /// key.
-    pub fn get_many(&self, keys: &[&str], out: &mut Vec<Option<KeyRecord>>) -> Result<()> {
+    /// key. `order`, when the caller has it, numbers `keys` in key order (a batch's
+    /// groups come with theirs, sorted on the input thread); without it, or when it is
+    /// not that order, the keys are sorted here.
+    pub fn get_many(&self, keys: &[&str], order: Option<&[u32]>, out: &mut Vec<Option<KeyRecord>>) -> Result<()> {
         self.usable()?;
         let base = out.len();
         out.resize(base + keys.len(), None);
         let out = &mut out[base..];
+        // The overlays are probed for a run of keys, then the records found decoded: at
+        // a million keys each probe waits on memory, and a loop of probes alone lets the
+        // processor wait on several at once.
         let mut stored: Vec<usize> = Vec::with_capacity(keys.len());
-        for (i, key) in keys.iter().enumerate() {
-            match self.buffered_record(key) {
-                Some(record) => out[i] = record.map(|bytes| codec::decode("overlay record", bytes)).transpose()?,
-                None => stored.push(i),
+        let mut buffered: Vec<(usize, &[u8])> = Vec::with_capacity(PROBE_RUN_KEYS);
+        for (run, run_keys) in keys.chunks(PROBE_RUN_KEYS).enumerate() {
+            for (i, key) in (run * PROBE_RUN_KEYS..).zip(run_keys) {
+                match self.buffered_record(key) {
+                    Some(Some(bytes)) => buffered.push((i, bytes)),
+                    Some(None) => {}
+                    None => stored.push(i),
+                }
+            }
+            for (i, bytes) in buffered.drain(..) {
+                out[i] = Some(codec::decode("overlay record", bytes)?);
             }
         }
-        let stored = crate::key_order::sorted_by_key(&stored, |&i| keys[i].as_bytes());
+        let stored = in_key_order(keys, stored, order);
         // A fold applies no chunk during the walk (see `Folder::pages`).
         let _walk = self.folder.pages.lock().unwrap_or_else(PoisonError::into_inner);
         let mut pages = PageCursor::new(&self.folder.tree);
@@ -926,8 +942,16 @@ impl Store {
         let overlay = Arc::make_mut(&mut self.overlay);
         let (log, encoded, seq) = (&mut self.log, &self.encoded, self.seq + 1);
         let apply = |overlay: &mut Overlay| {
-            for (encoded, change) in encoded.changes(changes).zip(changes) {
-                overlay.apply_encoded(encoded.key, encoded.record, change.after.as_ref().and_then(|r| r.timeout_ms));
+            let mut encoded = encoded.changes(changes);
+            // Each run's keys are looked up once before they are applied, so that their
+            // waits on memory overlap (see `get_many`).
+            for run in changes.chunks(PROBE_RUN_KEYS) {
+                overlay.touch(run.iter().map(|change| change.key.as_str()));
+                // `run` first: a zip asks its first iterator first.
+                for (change, encoded) in run.iter().zip(encoded.by_ref()) {
+                    let deadline = change.after.as_ref().and_then(|r| r.timeout_ms);
+                    overlay.apply_encoded(encoded.key, encoded.record, deadline);
+                }
             }
         };
         if durable && changes.len() >= APPLY_WHILE_SYNCING_CHANGES_MIN {
@@ -1146,7 +1170,8 @@ impl Store {
     /// The committed record of `key` if one of the overlays has it (see
     /// [`Overlay::get`]).
     fn buffered_record(&self, key: &str) -> Option<Option<&[u8]>> {
-        self.overlay.get(key).or_else(|| self.folding.as_ref()?.get(key))
+        let hash = crate::overlay::hash(key);
+        self.overlay.get_hashed(key, hash).or_else(|| self.folding.as_ref()?.get_hashed(key, hash))
     }
 
     /// All timers in (deadline, key) order. They are collected and sorted in memory: for
@@ -1385,6 +1410,24 @@ fn warm_up(bytes: &[u8]) {
     std::hint::black_box(any);
 }
 
+/// The numbers `stored` of `keys` in the order of the keys: picked from `order` (the
+/// numbers of all `keys`, in key order) when it is one, else sorted. A page walk that
+/// met its keys out of order would miss their records, so `order` is checked.
+fn in_key_order(keys: &[&str], stored: Vec<usize>, order: Option<&[u32]>) -> Vec<usize> {
+    if let Some(order) = order.filter(|o| o.len() == keys.len()) {
+        let mut in_sled = vec![false; keys.len()];
+        for &i in &stored {
+            in_sled[i] = true;
+        }
+        let picked: Vec<usize> = order.iter().map(|&i| i as usize).filter(|&i| in_sled.get(i) == Some(&true)).collect();
+        let ascending = picked.windows(2).all(|w| cmp_keys(keys[w[0]].as_bytes(), keys[w[1]].as_bytes()).is_lt());
+        if picked.len() == stored.len() && ascending {
+            return picked;
+        }
+    }
+    crate::key_order::sorted_by_key(&stored, |&i| keys[i].as_bytes())
+}
+
 /// The sled range of the pages whose fence is above `key`: the first is its page.
 fn pages_above(key: &str) -> (std::ops::Bound<Vec<u8>>, std::ops::Bound<Vec<u8>>) {
     (std::ops::Bound::Excluded(page_key(key.as_bytes())), std::ops::Bound::Included(page_key(LAST_FENCE)))
@@ -1531,7 +1574,7 @@ mod tests {
             };
             refused(store.commit(&batch(b"2"), &checkpoint(2), true));
             refused(store.get(&keys[1]).map(drop));
-            refused(store.get_many(&[keys[1].as_str()], &mut Vec::new()));
+            refused(store.get_many(&[keys[1].as_str()], None, &mut Vec::new()));
             refused(store.expired_timers(i64::MAX, 10).map(drop));
             refused(store.reader().map(drop));
             refused(store.iter_keys().next().expect("an error first").map(drop));
@@ -2028,8 +2071,17 @@ mod model {
                     let want: Vec<Option<KeyRecord>> = asked.iter().map(|k| model.committed.get(*k).cloned()).collect();
                     // Appended after what `out` held.
                     let mut got = vec![None];
-                    store.get_many(&asked, &mut got).unwrap();
+                    store.get_many(&asked, None, &mut got).unwrap();
                     assert_eq!(got.split_off(1), want, "{context}");
+                    // With the keys' order given, and with a wrong one, which must not
+                    // lose a record.
+                    let mut order: Vec<u32> = (0..asked.len() as u32).collect();
+                    order.sort_by_key(|&i| asked[i as usize]);
+                    for (order, how) in [(order.clone(), "in order"), (order.into_iter().rev().collect(), "reversed")] {
+                        let mut got = Vec::new();
+                        store.get_many(&asked, Some(&order), &mut got).unwrap();
+                        assert_eq!(got, want, "{context}, {how}");
+                    }
                     // The merged views (sled and the unfolded commits) as well.
                     store.check_consistency().unwrap_or_else(|e| panic!("{context}: {e}"));
                     let stored: Vec<(String, KeyRecord)> = store.iter_keys().map(Result::unwrap).collect();
