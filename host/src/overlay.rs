@@ -259,14 +259,6 @@ impl Overlay {
         Some(read_entry(&self.arena, slot.at).record)
     }
 
-    /// Looks the keys up and forgets the answers: what a run of changes is about to
-    /// read (their hash slots and latest entries) is then in the processor's cache.
-    pub fn touch<'k>(&self, keys: impl Iterator<Item = &'k str>) {
-        for key in keys {
-            std::hint::black_box(self.get(key).is_some());
-        }
-    }
-
     /// Whether the overlay holds `key` (its record replaces sled's).
     pub fn holds(&self, key: &str) -> bool {
         self.get(key).is_some()

@@ -80,10 +80,6 @@ const WORLD_TMP: &str = "world.json.tmp";
 /// update the overlay).
 const APPLY_WHILE_SYNCING_CHANGES_MIN: usize = 1024;
 
-/// The keys whose overlay lookups run one after the other, before the work that uses
-/// them.
-const PROBE_RUN_KEYS: usize = 32;
-
 /// The most arena an empty overlay reserves (`store_buffer_bytes` may be far more).
 const OVERLAY_RESERVED_MAX: u64 = 256 << 20;
 
@@ -831,21 +827,11 @@ impl Store {
         let base = out.len();
         out.resize(base + keys.len(), None);
         let out = &mut out[base..];
-        // The overlays are probed for a run of keys, then the records found decoded: at
-        // a million keys each probe waits on memory, and a loop of probes alone lets the
-        // processor wait on several at once.
         let mut stored: Vec<usize> = Vec::with_capacity(keys.len());
-        let mut buffered: Vec<(usize, &[u8])> = Vec::with_capacity(PROBE_RUN_KEYS);
-        for (run, run_keys) in keys.chunks(PROBE_RUN_KEYS).enumerate() {
-            for (i, key) in (run * PROBE_RUN_KEYS..).zip(run_keys) {
-                match self.buffered_record(key) {
-                    Some(Some(bytes)) => buffered.push((i, bytes)),
-                    Some(None) => {}
-                    None => stored.push(i),
-                }
-            }
-            for (i, bytes) in buffered.drain(..) {
-                out[i] = Some(codec::decode("overlay record", bytes)?);
+        for (i, key) in keys.iter().enumerate() {
+            match self.buffered_record(key) {
+                Some(record) => out[i] = record.map(|bytes| codec::decode("overlay record", bytes)).transpose()?,
+                None => stored.push(i),
             }
         }
         let stored = in_key_order(keys, stored, order);
@@ -942,16 +928,8 @@ impl Store {
         let overlay = Arc::make_mut(&mut self.overlay);
         let (log, encoded, seq) = (&mut self.log, &self.encoded, self.seq + 1);
         let apply = |overlay: &mut Overlay| {
-            let mut encoded = encoded.changes(changes);
-            // Each run's keys are looked up once before they are applied, so that their
-            // waits on memory overlap (see `get_many`).
-            for run in changes.chunks(PROBE_RUN_KEYS) {
-                overlay.touch(run.iter().map(|change| change.key.as_str()));
-                // `run` first: a zip asks its first iterator first.
-                for (change, encoded) in run.iter().zip(encoded.by_ref()) {
-                    let deadline = change.after.as_ref().and_then(|r| r.timeout_ms);
-                    overlay.apply_encoded(encoded.key, encoded.record, deadline);
-                }
+            for (encoded, change) in encoded.changes(changes).zip(changes) {
+                overlay.apply_encoded(encoded.key, encoded.record, change.after.as_ref().and_then(|r| r.timeout_ms));
             }
         };
         if durable && changes.len() >= APPLY_WHILE_SYNCING_CHANGES_MIN {
