@@ -46,9 +46,7 @@ pub fn process_batch<T: StateFunction>(mut instance: Option<&mut T>, calls: &[u8
         events.reserve(events_count);
         for _ in 0..events_count {
             let time_ms = input.option(Reader::i64);
-            // Left as bytes: the host sends UTF-8, and the JSON decoder checks the
-            // strings it reads (a check of the whole payload cost 3% of a batch).
-            events.push((time_ms, input.bytes()));
+            events.push((time_ms, input.str()));
         }
         let Some(instance) = instance.as_deref_mut() else {
             write_err(&mut out, crate::export::NOT_INITIALISED);

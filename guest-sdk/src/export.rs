@@ -54,7 +54,7 @@ pub fn migrate_state<T: StateFunction>(from_version: u32, value: Vec<u8>) -> Res
 /// Decodes the events, calls the plugin, encodes the outputs. Shared by the WIT
 /// export, `process-batch` and [`testing`](crate::testing), so that native tests run the
 /// same path.
-pub(crate) fn run_process<T: StateFunction, P: AsRef<[u8]>>(
+pub(crate) fn run_process<T: StateFunction, P: AsRef<str>>(
     instance: &mut T,
     key: &T::Key,
     events: impl ExactSizeIterator<Item = (Option<i64>, P)>,
@@ -76,13 +76,13 @@ pub(crate) fn run_process<T: StateFunction, P: AsRef<[u8]>>(
         .collect()
 }
 
-fn decode_events<E: serde::de::DeserializeOwned, P: AsRef<[u8]>>(
+fn decode_events<E: serde::de::DeserializeOwned, P: AsRef<str>>(
     events: impl ExactSizeIterator<Item = (Option<i64>, P)>,
 ) -> Result<Vec<Event<E>>, Error> {
     let count = events.len();
     let mut decoded = Vec::with_capacity(count);
     for (index, (time_ms, payload)) in events.enumerate() {
-        let value = serde_json::from_slice(payload.as_ref()).map_err(|error| {
+        let value = serde_json::from_str(payload.as_ref()).map_err(|error| {
             Error::msg(format_args!(
                 "event {index} of {count}: payload is not a valid {} ({error}): fix the \
                  input, or make the plugin's Event type accept it",
