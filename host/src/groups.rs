@@ -126,10 +126,11 @@ impl Groups {
     /// (a tenth of the calling thread's time went to waiting for those scattered lines).
     pub fn finish(&mut self, scratch: &mut Scratch) {
         // A batch's keys are far fewer than 2^32: `batch_keys_max` bounds them.
-        let numbers: Vec<u32> = (0..self.keys.len() as u32).collect();
-        self.key_order = crate::key_order::sorted_by_key(&numbers, |&i| {
-            let k = self.keys[i as usize];
-            &self.key_text.as_bytes()[k.start..k.end]
+        self.key_order.clear();
+        self.key_order.extend(0..self.keys.len() as u32);
+        let (keys, key_text) = (&self.keys, self.key_text.as_bytes());
+        crate::key_order::sort_by_key(&mut self.key_order, |&i| {
+            &key_text[keys[i as usize].start..keys[i as usize].end]
         });
         let mut at = 0;
         for k in &mut self.keys {

@@ -271,7 +271,8 @@ impl Overlay {
         // miss, three times).
         let mut entries: Vec<(&str, Option<&[u8]>)> = Vec::with_capacity(self.index.len());
         entries.extend(live_entries(&self.arena).map(|(_, entry)| (entry.key, entry.record)));
-        crate::key_order::sorted_by_key(&entries, |(key, _)| key.as_bytes())
+        crate::key_order::sort_by_key(&mut entries, |(key, _)| key.as_bytes());
+        entries
     }
 
     /// The composite keys (those holding a `\0`) from `start` on, in key order, with

@@ -321,17 +321,15 @@ impl StoreReader {
     /// folds, which this reader answers from that overlay first; its splits and
     /// removals of pages change no record.
     pub fn read_ahead<'p>(&mut self, prefixes: impl Iterator<Item = &'p str>) -> Result<()> {
-        let prefixes: Vec<&str> = prefixes.filter(|p| p.ends_with('\0')).collect();
-        let order: Vec<usize> = (0..prefixes.len()).collect();
-        let order = crate::key_order::sorted_by_key(&order, |&i| prefixes[i].as_bytes());
-        self.ahead.reserve(order.len());
+        let mut prefixes: Vec<&str> = prefixes.filter(|p| p.ends_with('\0')).collect();
+        crate::key_order::sort_by_key(&mut prefixes, |p| p.as_bytes());
+        self.ahead.reserve(prefixes.len());
         let mut cursor = PageCursor::new(&self.tree);
         let mut bytes = 0;
-        for i in order {
+        for prefix in prefixes {
             if bytes > READ_AHEAD_BYTES_MAX {
                 break;
             }
-            let prefix = prefixes[i];
             let mut entries = Vec::new();
             let (mut from, mut pages) = (prefix.to_owned(), 0);
             let whole = loop {
@@ -1391,7 +1389,7 @@ fn warm_up(bytes: &[u8]) {
 /// The numbers `stored` of `keys` in the order of the keys: picked from `order` (the
 /// numbers of all `keys`, in key order) when it is one, else sorted. A page walk that
 /// met its keys out of order would miss their records, so `order` is checked.
-fn in_key_order(keys: &[&str], stored: Vec<usize>, order: Option<&[u32]>) -> Vec<usize> {
+fn in_key_order(keys: &[&str], mut stored: Vec<usize>, order: Option<&[u32]>) -> Vec<usize> {
     if let Some(order) = order.filter(|o| o.len() == keys.len()) {
         let mut in_sled = vec![false; keys.len()];
         for &i in &stored {
@@ -1403,7 +1401,8 @@ fn in_key_order(keys: &[&str], stored: Vec<usize>, order: Option<&[u32]>) -> Vec
             return picked;
         }
     }
-    crate::key_order::sorted_by_key(&stored, |&i| keys[i].as_bytes())
+    crate::key_order::sort_by_key(&mut stored, |&i| keys[i].as_bytes());
+    stored
 }
 
 /// The sled range of the pages whose fence is above `key`: the first is its page.
