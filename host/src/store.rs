@@ -1132,8 +1132,8 @@ impl Store {
             .filter(move |entry| !matches!(entry, Ok((key, _)) if self.buffered(key)));
         let overlay = &self.overlay;
         let folding = self.folding.as_deref().map(Overlay::sorted).unwrap_or_default();
-        let folding = decoded_records(folding.into_iter().filter(move |(key, _)| !overlay.holds(key)));
-        let buffered = decoded_records(overlay.sorted().into_iter());
+        let folding = decoded_records(folding.into_entries().filter(move |(key, _)| !overlay.holds(key)));
+        let buffered = decoded_records(overlay.sorted().into_entries());
         let buffered = MergeSorted { a: folding.peekable(), b: buffered.peekable(), le: |x, y| x.0 <= y.0 };
         MergeSorted { a: stored.peekable(), b: buffered.peekable(), le: |x, y| x.0 <= y.0 }
     }
@@ -1276,16 +1276,16 @@ impl Folder {
         let mut pages = PageCursor::new(&self.tree);
         let mut i = 0;
         while i < changes.len() {
-            let (fence, bytes) = match pages.page_of(changes[i].0)? {
+            let (fence, bytes) = match pages.page_of(changes.key(i))? {
                 Some((raw, bytes)) => (raw[1..].to_vec(), Some(bytes.clone())),
                 None => (LAST_FENCE.to_vec(), None),
             };
             // The overlay's keys below the fence belong to this page.
             let start = i;
-            while i < changes.len() && cmp_keys(changes[i].0.as_bytes(), &fence).is_lt() {
+            while i < changes.len() && cmp_keys(changes.key_bytes(i), &fence).is_lt() {
                 i += 1;
             }
-            let merged = Page::merge(bytes.as_deref(), changes[start..i].iter().copied())?;
+            let merged = Page::merge(bytes.as_deref(), changes.range(start..i))?;
             chunk_bytes += merged.bytes.len().max(1);
             write_page(&mut batch, fence, merged)?;
             if chunk_bytes >= FOLD_CHUNK_BYTES {
