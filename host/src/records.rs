@@ -6,7 +6,7 @@
 use bincode::{BorrowDecode, Decode, Encode};
 
 /// Everything the store keeps for one group key.
-#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+#[derive(Debug, Clone, Eq, Encode, Decode)]
 pub struct KeyRecord {
     /// The state value (opaque to the host), if the key has one.
     pub value: Option<Vec<u8>>,
@@ -15,6 +15,16 @@ pub struct KeyRecord {
     pub timeout_ms: Option<i64>,
     /// The plugin state-schema version that wrote `value`.
     pub schema_version: u32,
+}
+
+/// The fields' equality, the deadline and schema first: a batch compares each call's
+/// record with the one it loaded, whose value lies apart in memory and was read long
+/// before, and most calls move the deadline (the comparison's `memcmp` took 1.8% of a
+/// batch loop at a million keys).
+impl PartialEq for KeyRecord {
+    fn eq(&self, other: &Self) -> bool {
+        self.timeout_ms == other.timeout_ms && self.schema_version == other.schema_version && self.value == other.value
+    }
 }
 
 impl KeyRecord {
@@ -152,4 +162,25 @@ pub struct KeyChange {
     pub before: Option<KeyRecord>,
     /// The record to store (`None` deletes it).
     pub after: Option<KeyRecord>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_are_equal_only_when_every_field_is() {
+        let record = KeyRecord { value: Some(vec![1, 2]), timeout_ms: Some(5), schema_version: 1 };
+        assert_eq!(record, record.clone());
+        let others = [
+            KeyRecord { value: Some(vec![1, 3]), ..record.clone() },
+            KeyRecord { value: None, ..record.clone() },
+            KeyRecord { timeout_ms: Some(6), ..record.clone() },
+            KeyRecord { timeout_ms: None, ..record.clone() },
+            KeyRecord { schema_version: 2, ..record.clone() },
+        ];
+        for other in &others {
+            assert_ne!(&record, other);
+        }
+    }
 }
