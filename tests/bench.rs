@@ -183,14 +183,16 @@ fn throughput(events: &[u64], sensors: &[u64], runs: usize, batch_events: usize,
             "{:<8} {:>12} {:>10} {:>10} {:>7} | {:>12} {:>8} {:>8} {:>8} {:>8} (ms)",
             "config", "events/s", "vs native", "peak MiB", "CPU s", "read+decode", "wait", "load", "plugin", "commit"
         );
-        let native = if configs.contains(&"native") { cell.median("native", "events_per_s") } else { f64::NAN };
+        let native = configs.contains(&"native").then(|| cell.median("native", "events_per_s"));
         for &config in configs {
             let eps = cell.median(config, "events_per_s");
+            // Without a native run, nothing to compare with.
+            let vs_native = native.map_or_else(|| "-".to_owned(), |native| format!("{:.2}x", eps / native));
             println!(
-                "{:<8} {:>12.0} {:>9.2}x {:>10.1} {:>7.1} | {:>12.0} {:>8.0} {:>8.0} {:>8.0} {:>8.0}",
+                "{:<8} {:>12.0} {:>10} {:>10.1} {:>7.1} | {:>12.0} {:>8.0} {:>8.0} {:>8.0} {:>8.0}",
                 config,
                 eps,
-                eps / native,
+                vs_native,
                 cell.median(config, "peak_rss_kib") / 1024.0,
                 cell.median(config, "cpu_s"),
                 cell.median(config, "read_decode_ms"),
