@@ -468,6 +468,10 @@ fn prefill(dir: &Path, keys: u64) {
 }
 
 fn timers(keys: &[u64], batches: usize) {
+    if batches < 2 {
+        eprintln!("bench timers: --batches must be 2 or more (the first batch is timed apart from the others)");
+        std::process::exit(2);
+    }
     let active = 100;
     let per_batch = 1000;
     let input = data_dir().join(format!("timers-{batches}.jsonl"));

@@ -156,6 +156,18 @@ fn clock_tag(event_time: bool) -> char {
     if event_time { 'e' } else { 'p' }
 }
 
+/// What every key a 0.2 range can reach from `key` starts with: the expiry index's
+/// start for a key in it, else the group prefix (through the first `\0`); `None` for a
+/// key with neither. The ranges 0.2 state reads (a group's variables and timers, the
+/// expired part of the expiry index) never leave it, so the overlay orders its
+/// composite keys within each such part only (`Overlay::range_from`).
+pub fn scan_group(key: &str) -> Option<&str> {
+    if key.starts_with(EXPIRY_INDEX) {
+        return Some(&key[..EXPIRY_INDEX.len()]);
+    }
+    key.find(SEP).map(|sep| &key[..=sep])
+}
+
 /// The expiry index key of `entry_key` expiring at `expiry_ms` on its clock.
 pub fn expiry_index_key(event_time: bool, expiry_ms: i64, entry_key: &str) -> String {
     format!("{EXPIRY_INDEX}{}{}{entry_key}", clock_tag(event_time), ordered_hex(expiry_ms))
@@ -312,6 +324,31 @@ mod tests {
         }
         assert!(!group_prefix("\u{1}e").starts_with(EXPIRY_INDEX));
         assert_eq!(parse_expiry_index(&value_key("g", "v")), None);
+    }
+
+    #[test]
+    fn the_ranges_of_0_2_state_stay_in_their_scan_group() {
+        for group in ["g", "", "a\u{1}b", "a\0b", "\u{1}e"] {
+            let prefix = group_prefix(group);
+            assert_eq!(scan_group(&prefix), Some(prefix.as_str()));
+            for key in [
+                value_key(group, "v"),
+                list_element_key(group, "l", 3),
+                map_entry_key(group, "m", b"k\0"),
+                timer_key(group, 7, Some("t")),
+                timer_prefix(group),
+            ] {
+                assert_eq!(scan_group(&key), Some(prefix.as_str()), "{key:?}");
+            }
+        }
+        let entry = value_key("g", "v");
+        for event_time in [false, true] {
+            let (start, end) = expired_range(event_time, 5);
+            assert_eq!(scan_group(&start), Some(EXPIRY_INDEX));
+            assert_eq!(scan_group(&end), Some(EXPIRY_INDEX));
+            assert_eq!(scan_group(&expiry_index_key(event_time, 5, &entry)), Some(EXPIRY_INDEX));
+        }
+        assert_eq!(scan_group("plain 0.1 key"), None);
     }
 
     #[test]
