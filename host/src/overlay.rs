@@ -23,9 +23,11 @@
 //! also kept in order, so that the entries of one list or map variable are found by a
 //! range, not a pass over every key ([`Overlay::range_from`]); in order within their
 //! scan group only (a group key's entries, or the expiry index), which no 0.2 range
-//! leaves: a hash table of small sorted groups, where one ordered set of all of them
-//! (300 000 strings at a million group keys) cost a search of many cache misses for
-//! each range and each new key (14% of a 0.2 batch loop, BENCHMARKS.md).
+//! leaves: a hash table of groups, each a few arena offsets sorted by key (or a B-tree
+//! of keys past [`COMPOSITE_FEW_MAX`]). One ordered set of all the keys (300 000
+//! strings at a million group keys) cost a search of many cache misses for each range
+//! and each new key, 14% of a 0.2 batch loop; the groups ran a 0.2 plugin over 1M
+//! sensors 1.16 to 1.33 times as fast (BENCHMARKS.md).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::BuildHasher;
@@ -56,10 +58,14 @@ const BUCKET_BYTES: u64 = 64;
 const BUCKET_SHIFT: u32 = 16;
 /// What a hash table slot takes: a [`Slot`] and a control byte.
 const SLOT_BYTES: u64 = 17;
-/// What a composite key is charged in its group beyond its bytes: an estimate.
+/// What a composite key of a large group is charged beyond its bytes: an estimate.
 const COMPOSITE_KEY_BYTES: u64 = 48;
-/// What a group of composite keys is charged beyond its keys: an estimate.
-const COMPOSITE_GROUP_BYTES: u64 = 64;
+/// What a composite key of a small group is charged (its offset, with room to grow).
+const COMPOSITE_OFFSET_BYTES: u64 = 16;
+/// What a group of composite keys is charged beyond its keys: its slot in the hash
+/// table (40 bytes and a control byte, in a table at most seven eighths full) and its
+/// vector's allocation, an estimate.
+const COMPOSITE_GROUP_BYTES: u64 = 112;
 /// A group of composite keys past this many is kept in a B-tree rather than a sorted
 /// vector (the expiry index, or a large list or map).
 const COMPOSITE_FEW_MAX: usize = 32;
@@ -260,8 +266,7 @@ impl Overlay {
                 if key.as_bytes().contains(&0)
                     && let Some(group) = crate::state_keys::scan_group(key)
                 {
-                    *composite_bytes += key.len() as u64 + COMPOSITE_KEY_BYTES;
-                    *composite_bytes += insert_composite(composite, group, key);
+                    *composite_bytes += insert_composite(composite, arena, group, key, at);
                 }
             }
         }
@@ -276,7 +281,7 @@ impl Overlay {
 
     /// Copies the latest entries into a new arena, in their order, and drops the rest.
     fn compact(&mut self) {
-        let Self { arena, index, timers, live, .. } = self;
+        let Self { arena, index, timers, live, composite, .. } = self;
         let mut kept = Vec::with_capacity(*live * 3 / 2);
         // (old offset, new offset), in the order of both.
         let mut moved: Vec<(usize, usize)> = Vec::with_capacity(index.len());
@@ -290,6 +295,17 @@ impl Overlay {
             let i = moved.binary_search_by_key(&old, |m| m.0).ok()?;
             Some(moved[i].1)
         });
+        // A small group's offsets may be of entries a later one replaced: each now
+        // points at its key's live entry.
+        for group in composite.iter_mut() {
+            if let CompositeKeys::Few(offsets) = &mut group.keys {
+                for at in offsets {
+                    let key = read_entry(arena, *at).key;
+                    let slot = index.find(hash(key), |s| entry_key(&kept, s.at) == key.as_bytes());
+                    *at = slot.expect("a composite key is held").at;
+                }
+            }
+        }
         *arena = kept;
     }
 
@@ -328,15 +344,25 @@ impl Overlay {
     /// order, with their encoded records (`None`: deleted). No 0.2 range leaves the
     /// scan group it starts in; a `start` in none finds nothing.
     pub fn range_from<'s>(&'s self, start: &str) -> impl Iterator<Item = (&'s str, Option<&'s [u8]>)> + use<'s> {
-        let group = crate::state_keys::scan_group(start).and_then(|group| find_composite(&self.composite, group));
+        let arena = &self.arena[..];
+        let group = crate::state_keys::scan_group(start).and_then(|g| find_composite(&self.composite, arena, g));
         let (few, many) = match group.map(|g| &g.keys) {
-            Some(CompositeKeys::Few(keys)) => (Some(keys[keys.partition_point(|k| &**k < start)..].iter()), None),
+            Some(CompositeKeys::Few(offsets)) => {
+                let from = offsets.partition_point(|&at| entry_key(arena, at) < start.as_bytes());
+                (Some(offsets[from..].iter()), None)
+            }
             Some(CompositeKeys::Many(keys)) => {
                 (None, Some(keys.range::<str, _>((std::ops::Bound::Included(start), std::ops::Bound::Unbounded))))
             }
             None => (None, None),
         };
-        few.into_iter().flatten().chain(many.into_iter().flatten()).filter_map(|key| Some((&**key, self.get(key)?)))
+        // An entry not replaced is its key's latest: its record needs no lookup.
+        let few =
+            few.into_iter().flatten().map(move |&at| read_entry(arena, at)).filter_map(|entry| match entry.replaced {
+                false => Some((entry.key, entry.record)),
+                true => Some((entry.key, self.get(entry.key)?)),
+            });
+        few.chain(many.into_iter().flatten().filter_map(|key| Some((&**key, self.get(key)?))))
     }
 
     /// Its deadlines below `threshold` (all for `None`), in (deadline, key) order.
@@ -413,12 +439,13 @@ impl Overlay {
         let mut grouped = 0;
         for group in &self.composite {
             let keys: Vec<&str> = match &group.keys {
-                CompositeKeys::Few(keys) => keys.iter().map(|k| &**k).collect(),
+                CompositeKeys::Few(offsets) => offsets.iter().map(|&at| read_entry(&self.arena, at).key).collect(),
                 CompositeKeys::Many(keys) => keys.iter().map(|k| &**k).collect(),
             };
-            let prefix = crate::state_keys::scan_group(group.first());
+            let first = group.first(&self.arena);
+            let prefix = crate::state_keys::scan_group(first);
             if prefix.map(hash) != Some(group.hash) {
-                return Err(format!("the composite group of {:?} is not where its hash says", group.first()));
+                return Err(format!("the composite group of {first:?} is not where its hash says"));
             }
             for pair in keys.windows(2) {
                 if pair[0] >= pair[1] {
@@ -450,49 +477,57 @@ struct CompositeGroup {
 
 #[derive(Debug, Clone)]
 enum CompositeKeys {
-    /// Sorted; most groups (a group key's variables and timers) hold a few keys.
-    Few(Vec<Box<str>>),
+    /// Most groups (a group key's variables and timers) hold a few keys: for each, the
+    /// offset of one of its entries in the arena (the first the overlay took: a later
+    /// change of the key leaves its bytes there, and compaction points it at the
+    /// key's live entry), sorted by key. A key held once, in the arena.
+    Few(Vec<usize>),
     Many(BTreeSet<Box<str>>),
 }
 
 impl CompositeGroup {
     /// A key of the group (it is never empty).
-    fn first(&self) -> &str {
+    fn first<'a>(&'a self, arena: &'a [u8]) -> &'a str {
         match &self.keys {
-            CompositeKeys::Few(keys) => &keys[0],
+            CompositeKeys::Few(offsets) => read_entry(arena, offsets[0]).key,
             CompositeKeys::Many(keys) => keys.first().expect("a group is never empty"),
         }
     }
 }
 
 /// The group of composite keys whose scan group is `group`.
-fn find_composite<'t>(table: &'t HashTable<CompositeGroup>, group: &str) -> Option<&'t CompositeGroup> {
-    table.find(hash(group), |g| crate::state_keys::scan_group(g.first()) == Some(group))
+fn find_composite<'t>(table: &'t HashTable<CompositeGroup>, arena: &[u8], group: &str) -> Option<&'t CompositeGroup> {
+    table.find(hash(group), |g| crate::state_keys::scan_group(g.first(arena)) == Some(group))
 }
 
-/// Adds `key`, new to the overlay, to its scan `group`; returns what the group's
-/// creation is charged (see [`Overlay::bytes`]).
-fn insert_composite(table: &mut HashTable<CompositeGroup>, group: &str, key: &str) -> u64 {
+/// Adds `key`, new to the overlay, whose entry is at `at`, to its scan `group`;
+/// returns what it is charged (see [`Overlay::bytes`]).
+fn insert_composite(table: &mut HashTable<CompositeGroup>, arena: &[u8], group: &str, key: &str, at: usize) -> u64 {
     let hash = hash(group);
-    let Some(found) = table.find_mut(hash, |g| crate::state_keys::scan_group(g.first()) == Some(group)) else {
-        table.insert_unique(hash, CompositeGroup { hash, keys: CompositeKeys::Few(vec![key.into()]) }, |g| g.hash);
-        return COMPOSITE_GROUP_BYTES;
+    let Some(found) = table.find_mut(hash, |g| crate::state_keys::scan_group(g.first(arena)) == Some(group)) else {
+        table.insert_unique(hash, CompositeGroup { hash, keys: CompositeKeys::Few(vec![at]) }, |g| g.hash);
+        return COMPOSITE_GROUP_BYTES + COMPOSITE_OFFSET_BYTES;
     };
     match &mut found.keys {
-        CompositeKeys::Few(keys) if keys.len() < COMPOSITE_FEW_MAX => {
-            let at = keys.partition_point(|k| &**k < key);
-            keys.insert(at, key.into());
+        CompositeKeys::Few(offsets) if offsets.len() < COMPOSITE_FEW_MAX => {
+            let i = offsets.partition_point(|&o| entry_key(arena, o) < key.as_bytes());
+            offsets.insert(i, at);
+            COMPOSITE_OFFSET_BYTES
         }
-        CompositeKeys::Few(keys) => {
-            let mut many: BTreeSet<Box<str>> = std::mem::take(keys).into_iter().collect();
-            many.insert(key.into());
-            found.keys = CompositeKeys::Many(many);
+        CompositeKeys::Few(offsets) => {
+            let mut keys: BTreeSet<Box<str>> = offsets.iter().map(|&o| read_entry(arena, o).key.into()).collect();
+            keys.insert(key.into());
+            // Each key is charged as a large group's, less what its offset was.
+            let charged: u64 = keys.iter().map(|k| k.len() as u64 + COMPOSITE_KEY_BYTES).sum();
+            let was = offsets.len() as u64 * COMPOSITE_OFFSET_BYTES;
+            found.keys = CompositeKeys::Many(keys);
+            charged.saturating_sub(was)
         }
         CompositeKeys::Many(keys) => {
             keys.insert(key.into());
+            key.len() as u64 + COMPOSITE_KEY_BYTES
         }
     }
-    0
 }
 
 /// The timers of an overlay: (deadline, entry offset) pairs, appended to the bucket of
@@ -599,6 +634,26 @@ mod tests {
 
     /// Many changes over few keys (so that the arena is compacted many times) against
     /// a map of the latest record of each key.
+    /// The composite keys' ranges, as 0.2 state reads them (within a scan group), match
+    /// the model's.
+    fn check_ranges(overlay: &Overlay, model: &BTreeMap<String, Option<KeyRecord>>) {
+        let starts = (0..200).step_by(7).map(|g| format!("g{g}\0")).chain((0..3).map(|g| format!("big{g}\0")));
+        let starts = starts.chain(["g3\0v2".into(), "big1\0v3".into(), "\u{1}ep".into(), "\u{1}ep150".into()]);
+        for start in starts {
+            let group = crate::state_keys::scan_group(&start).expect("a scan group");
+            let want: Vec<(&str, Option<KeyRecord>)> = model
+                .range(start.clone()..)
+                .take_while(|(k, _)| k.starts_with(group))
+                .map(|(k, r)| (k.as_str(), r.clone()))
+                .collect();
+            let got: Vec<(&str, Option<KeyRecord>)> = overlay
+                .range_from(&start)
+                .map(|(k, r)| (k, r.map(|bytes| codec::decode("test", bytes).unwrap())))
+                .collect();
+            assert_eq!(got, want, "from {start:?}");
+        }
+    }
+
     #[test]
     fn matches_a_map_of_the_latest_changes_through_compactions() {
         let mut overlay = Overlay::default();
@@ -610,7 +665,14 @@ mod tests {
         };
         let mut arena_max = 0;
         for i in 0..200_000 {
-            let key = format!("key-{}", next(500));
+            let key = match next(4) {
+                // 0.2 keys: groups of a few keys, groups past `COMPOSITE_FEW_MAX`, and
+                // the expiry index's one scan group.
+                0 if next(2) == 0 => format!("g{}\0v{}", next(200), next(4)),
+                0 => format!("big{}\0v{}", next(3), next(48)),
+                1 => format!("\u{1}ep{:03}\0{}", next(300), next(3)),
+                _ => format!("key-{}", next(500)),
+            };
             let record = match next(4) {
                 0 => None,
                 1 => Some(rec(next(200) as u8 + 1, None)),
@@ -622,9 +684,11 @@ mod tests {
             arena_max = arena_max.max(overlay.arena.len());
             if i % 20_000 == 0 {
                 overlay.check().unwrap();
+                check_ranges(&overlay, &model);
             }
         }
         overlay.check().unwrap();
+        check_ranges(&overlay, &model);
         // Compacted: the arena never held more than twice its live entries.
         assert!(arena_max <= COMPACT_MIN_BYTES.max(2 * overlay.live) + 300, "{arena_max}");
         for (key, record) in &model {
