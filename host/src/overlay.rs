@@ -357,11 +357,10 @@ impl Overlay {
             None => (None, None),
         };
         // An entry not replaced is its key's latest: its record needs no lookup.
-        let few =
-            few.into_iter().flatten().map(move |&at| read_entry(arena, at)).filter_map(|entry| match entry.replaced {
-                false => Some((entry.key, entry.record)),
-                true => Some((entry.key, self.get(entry.key)?)),
-            });
+        let few = few.into_iter().flatten().map(move |&at| read_entry(arena, at)).filter_map(|entry| {
+            let record = if entry.replaced { self.get(entry.key)? } else { entry.record };
+            Some((entry.key, record))
+        });
         few.chain(many.into_iter().flatten().filter_map(|key| Some((&**key, self.get(key)?))))
     }
 
@@ -495,16 +494,22 @@ impl CompositeGroup {
     }
 }
 
+/// Whether a group of composite keys is the scan group `group`: what the table's
+/// lookups compare.
+fn is_group<'a>(arena: &'a [u8], group: &'a str) -> impl Fn(&CompositeGroup) -> bool + 'a {
+    move |g| crate::state_keys::scan_group(g.first(arena)) == Some(group)
+}
+
 /// The group of composite keys whose scan group is `group`.
 fn find_composite<'t>(table: &'t HashTable<CompositeGroup>, arena: &[u8], group: &str) -> Option<&'t CompositeGroup> {
-    table.find(hash(group), |g| crate::state_keys::scan_group(g.first(arena)) == Some(group))
+    table.find(hash(group), is_group(arena, group))
 }
 
 /// Adds `key`, new to the overlay, whose entry is at `at`, to its scan `group`;
 /// returns what it is charged (see [`Overlay::bytes`]).
 fn insert_composite(table: &mut HashTable<CompositeGroup>, arena: &[u8], group: &str, key: &str, at: usize) -> u64 {
     let hash = hash(group);
-    let Some(found) = table.find_mut(hash, |g| crate::state_keys::scan_group(g.first(arena)) == Some(group)) else {
+    let Some(found) = table.find_mut(hash, is_group(arena, group)) else {
         table.insert_unique(hash, CompositeGroup { hash, keys: CompositeKeys::Few(vec![at]) }, |g| g.hash);
         return COMPOSITE_GROUP_BYTES + COMPOSITE_OFFSET_BYTES;
     };
