@@ -5,8 +5,10 @@
 //! nothing of wasm: a [`KeyCall`] is what the plugin's handle works on, and
 //! `plugin/v2.rs` turns its answers into the WIT's types.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 
+use crate::applied::{Applied, Change};
 use crate::config::{Limits, TimeoutKind};
 use crate::plugin::{CallError, Event};
 use crate::records::{KeyChange, KeyRecord};
@@ -252,12 +254,15 @@ impl From<StoreError> for RequestError {
 
 type Request<T> = Result<T, RequestError>;
 
+/// A committed record a call read from the store, by its key.
+type Noted = (String, Option<KeyRecord>);
+
 /// What a batch's 0.2 calls read: the committed state, and what the batch's earlier
 /// calls applied over it.
 pub struct BatchView {
     reader: StoreReader,
     /// Store entries changed by the batch's successful calls (`None`: deleted).
-    applied: BTreeMap<String, Option<KeyRecord>>,
+    applied: Applied,
 }
 
 impl std::fmt::Debug for BatchView {
@@ -274,16 +279,26 @@ impl BatchView {
         }
     }
 
+    /// Sets `key`'s record after the batch so far. When the batch had not changed it
+    /// yet, its committed record is the one in `noted` (records a call read from the
+    /// store, sorted by key) or read now.
+    fn set(&mut self, key: String, after: Option<KeyRecord>, noted: &mut [Noted]) -> Result<(), StoreError> {
+        let Self { reader, applied } = self;
+        applied.insert(key, after, |key| match noted.binary_search_by(|(k, _)| k.as_str().cmp(key)) {
+            Ok(i) => Ok(noted[i].1.take()),
+            Err(_) => reader.get(key),
+        })
+    }
+
     /// The batch's changes, each with the committed record before it.
-    fn into_changes(self) -> Result<Vec<KeyChange>, StoreError> {
+    fn into_changes(self) -> Vec<KeyChange> {
         let mut changes = Vec::with_capacity(self.applied.len());
-        for (key, after) in self.applied {
-            let before = self.reader.get(&key)?;
+        for (key, Change { before, after }) in self.applied.into_entries() {
             if before != after {
                 changes.push(KeyChange { key, before, after });
             }
         }
-        Ok(changes)
+        changes
     }
 }
 
@@ -371,6 +386,9 @@ pub struct KeyCall {
     migrated: BTreeMap<String, Option<KeyRecord>>,
     /// Converts entries stored under an older layout; none: such an entry fails the read.
     pub migrator: Option<Box<dyn Migrate>>,
+    /// The committed records the call read from the store: the `before` of the
+    /// batch's changes it makes first, without a second read.
+    noted: RefCell<Vec<Noted>>,
     /// A store read failed under the call.
     pub store_error: Option<StoreError>,
 }
@@ -399,26 +417,30 @@ impl KeyCall {
             forced: Vec::new(),
             migrated: BTreeMap::new(),
             migrator: None,
+            noted: RefCell::default(),
             store_error: None,
         }
     }
 
     /// Applies the staged changes to the batch (`ok`), or only the forced ones.
-    fn finish(mut self, ok: bool) -> BatchView {
+    fn finish(mut self, ok: bool) -> Result<BatchView, StoreError> {
+        let mut noted = self.noted.into_inner();
+        noted.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        noted.dedup_by(|a, b| a.0 == b.0);
         if ok {
             // A converted entry the call later wrote or removed keeps what it staged.
-            // Inserted one by one: `BTreeMap::append` rebuilds the whole map, which
-            // made a batch's calls cost the square of its keys.
             self.migrated.extend(std::mem::take(&mut self.staged));
-            self.view.applied.extend(std::mem::take(&mut self.migrated));
+            for (key, after) in std::mem::take(&mut self.migrated) {
+                self.view.set(key, after, &mut noted)?;
+            }
         } else {
             for key in self.forced {
                 if let Some(after) = self.staged.remove(&key) {
-                    self.view.applied.insert(key, after);
+                    self.view.set(key, after, &mut noted)?;
                 }
             }
         }
-        self.view
+        Ok(self.view)
     }
 
     fn check(&self, name: &str, kind: VariableKind) -> Request<Option<Ttl>> {
@@ -564,10 +586,13 @@ impl KeyCall {
     }
 
     fn read(&self, key: &str) -> Request<Option<KeyRecord>> {
-        match self.staged.get(key).or_else(|| self.migrated.get(key)) {
-            Some(record) => Ok(record.clone()),
-            None => Ok(self.view.get(key)?),
+        let changed = self.staged.get(key).or_else(|| self.migrated.get(key));
+        if let Some(record) = changed.or_else(|| self.view.applied.get(key)) {
+            return Ok(record.clone());
         }
+        let record = self.view.reader.get(key)?;
+        self.noted.borrow_mut().push((key.to_owned(), record.clone()));
+        Ok(record)
     }
 
     fn stage(&mut self, key: String, after: Option<KeyRecord>) -> Request<()> {
@@ -596,10 +621,8 @@ impl KeyCall {
     /// than `writes_max` fail.
     fn range(&self, prefix: &str) -> Request<Vec<(String, KeyRecord)>> {
         let max = self.ctx.writes_max;
-        let ours = |m: &BTreeMap<String, Option<KeyRecord>>| {
-            m.range(prefix.to_owned()..).take_while(|(k, _)| k.starts_with(prefix)).count()
-        };
-        let extra = ours(&self.view.applied) + ours(&self.migrated) + ours(&self.staged);
+        let ours = |m| in_prefix(m, prefix);
+        let extra = self.view.applied.range(prefix).count() + ours(&self.migrated).count() + ours(&self.staged).count();
         let mut found: BTreeMap<String, Option<KeyRecord>> = self
             .view
             .reader
@@ -607,10 +630,8 @@ impl KeyCall {
             .into_iter()
             .map(|(k, r)| (k, Some(r)))
             .collect();
-        for layer in [&self.view.applied, &self.migrated, &self.staged] {
-            for (k, r) in layer.range(prefix.to_owned()..).take_while(|(k, _)| k.starts_with(prefix)) {
-                found.insert(k.clone(), r.clone());
-            }
+        for (k, r) in self.view.applied.range(prefix).chain(ours(&self.migrated)).chain(ours(&self.staged)) {
+            found.insert(k.to_owned(), r.clone());
         }
         let live: Vec<(String, KeyRecord)> = found.into_iter().filter_map(|(k, r)| Some((k, r?))).collect();
         if live.len() > max {
@@ -879,6 +900,15 @@ impl KeyCall {
     }
 }
 
+/// The entries of `m` whose key starts with `prefix`, in key order.
+fn in_prefix<'a>(
+    m: &'a BTreeMap<String, Option<KeyRecord>>,
+    prefix: &'a str,
+) -> impl Iterator<Item = (&'a str, &'a Option<KeyRecord>)> + 'a {
+    let from = (std::ops::Bound::Included(prefix), std::ops::Bound::Unbounded);
+    m.range::<str, _>(from).take_while(move |(k, _)| k.starts_with(prefix)).map(|(k, r)| (k.as_str(), r))
+}
+
 fn clamp_u32(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
@@ -904,29 +934,34 @@ fn remove_expired(view: &mut BatchView, ctx: &CallContext, limit: usize) -> Resu
             break;
         }
         let (start, end) = sk::expired_range(event_time, threshold);
-        for (index_key, _) in view.reader.scan_range(&start, &end, limit - removed)?.into_iter().take(limit - removed) {
+        for (index_key, index) in
+            view.reader.scan_range(&start, &end, limit - removed)?.into_iter().take(limit - removed)
+        {
             let Some((_, at_ms, entry_key)) = sk::parse_expiry_index(&index_key) else {
                 return Err(StoreError::Corrupt(format!("{index_key:?} in the expiry index is not an index key")));
             };
             let expiry = Expiry { event_time, at_ms };
             let entry_key = entry_key.to_owned();
-            view.applied.insert(index_key, None);
+            // What the batch had not changed yet is as the store holds it.
+            view.applied.insert(index_key, None, |_| Ok::<_, StoreError>(Some(index)))?;
             removed += 1;
-            let Some(stored) = view.get(&entry_key)?.and_then(|r| r.value) else {
+            let entry = view.get(&entry_key)?;
+            let Some(stored) = entry.as_ref().and_then(|r| r.value.as_deref()) else {
                 continue;
             };
-            if unpack_entry(&entry_key, &stored)?.0 != Some(expiry) {
+            if unpack_entry(&entry_key, stored)?.0 != Some(expiry) {
                 continue;
             }
-            view.applied.insert(entry_key.clone(), None);
+            view.applied.insert(entry_key.clone(), None, |_| Ok::<_, StoreError>(entry))?;
             if let Some((group, Entry::ListElement(name, _))) = sk::parse(&entry_key) {
                 let meta_key = sk::list_next_key(&group, &name);
                 let meta = view.get(&meta_key)?;
                 let Some((next, len)) = meta.as_ref().and_then(|r| parse_list_meta(r.value.as_deref()?)) else {
                     return Err(StoreError::Corrupt(format!("list element {entry_key:?} has no valid list length")));
                 };
-                let schema = meta.map_or(ctx.schema_version, |r| r.schema_version);
-                view.applied.insert(meta_key, list_meta_record(next, len.saturating_sub(1), schema));
+                let schema = meta.as_ref().map_or(ctx.schema_version, |r| r.schema_version);
+                let after = list_meta_record(next, len.saturating_sub(1), schema);
+                view.applied.insert(meta_key, after, |_| Ok::<_, StoreError>(meta))?;
             }
         }
     }
@@ -956,7 +991,7 @@ pub fn run_initial_state(
     ctx: &CallContext,
     states: impl Iterator<Item = (String, String)>,
 ) -> Result<Result<Vec<KeyChange>, InitialStateRefused>, StoreError> {
-    let mut view = BatchView { reader: store.reader()?, applied: BTreeMap::new() };
+    let mut view = BatchView { reader: store.reader()?, applied: Applied::default() };
     for (index, (key, json)) in states.enumerate() {
         // No watermark before the first batch: an event-time TTL counts from the load's
         // processing time (the WIT's `ttl-clock`).
@@ -968,9 +1003,9 @@ pub fn run_initial_state(
         if let Err(e) = result {
             return Ok(Err((index, key, e)));
         }
-        view = call.finish(true);
+        view = call.finish(true)?;
     }
-    Ok(Ok(view.into_changes()?))
+    Ok(Ok(view.into_changes()))
 }
 
 /// One call's result, in call order: its outputs, or why it failed.
@@ -1014,7 +1049,8 @@ pub fn run_batch(
     let mut reader = store.reader()?;
     let prefixes: Vec<String> = groups.iter().map(|&(key, _)| sk::group_prefix(key)).collect();
     reader.read_ahead(prefixes.iter().map(String::as_str))?;
-    let mut view = BatchView { reader, applied: BTreeMap::new() };
+    // Its calls change their group's entries, and the expired ones a few more.
+    let mut view = BatchView { reader, applied: Applied::with_groups(groups.len()) };
     out.expired = remove_expired(&mut view, ctx, ctx.expirations_max)?;
     for (group, &(key, events)) in groups.iter().enumerate() {
         let event_time = events.iter().filter_map(|e| e.event_time_ms).fold(ctx.watermark_ms, i64::max);
@@ -1024,7 +1060,7 @@ pub fn run_batch(
             return Err(e);
         }
         let failed = result.is_err();
-        view = call.finish(!failed);
+        view = call.finish(!failed)?;
         out.calls.push(Called { key: key.to_owned(), group: Some(group), result });
         if failed && stop_on_failure {
             return Ok(out);
@@ -1032,7 +1068,7 @@ pub fn run_batch(
     }
     if let Some(threshold) = threshold {
         // `expired_timers` finds deadlines strictly below its threshold.
-        let deleted = view.applied.values().filter(|r| r.is_none()).count();
+        let deleted = view.applied.deleted();
         let expired = store.expired_timers(threshold.saturating_add(1), timers_max.saturating_add(deleted))?;
         let mut fired = 0;
         for (expiry_ms, store_key) in expired {
@@ -1062,14 +1098,14 @@ pub fn run_batch(
                 return Err(e);
             }
             let failed = result.is_err();
-            view = call.finish(!failed);
+            view = call.finish(!failed)?;
             out.calls.push(Called { key, group: None, result });
             if failed && stop_on_failure {
                 return Ok(out);
             }
         }
     }
-    out.changes = view.into_changes()?;
+    out.changes = view.into_changes();
     Ok(out)
 }
 

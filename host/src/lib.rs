@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod allocator;
+mod applied;
 pub mod clock;
 pub mod codec;
 pub mod config;

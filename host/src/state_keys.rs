@@ -165,7 +165,8 @@ pub fn scan_group(key: &str) -> Option<&str> {
     if key.starts_with(EXPIRY_INDEX) {
         return Some(&key[..EXPIRY_INDEX.len()]);
     }
-    key.find(SEP).map(|sep| &key[..=sep])
+    // A byte search: `str::find` of a char cost a tenth of an overlay append.
+    memchr::memchr(SEP as u8, key.as_bytes()).map(|sep| &key[..=sep])
 }
 
 /// The expiry index key of `entry_key` expiring at `expiry_ms` on its clock.
