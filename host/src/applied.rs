@@ -1,21 +1,24 @@
 //! The store entries a 0.2 batch's calls have changed so far (`keyed.rs`), which its
 //! later calls read before the committed state, and which become the batch's
-//! [`KeyChange`](crate::records::KeyChange)s.
+//! [`KeyChange`]s.
 //!
 //! A batch over a million group keys changes a few hundred thousand entries. Held in
 //! one map ordered by store key, every read, range and insert searched a deep tree of
-//! strings that share long prefixes (16% of a 0.2 batch loop, most of it `memcmp`).
+//! strings that share long prefixes (16% of a 0.2 batch loop, most of it `memcmp`);
+//! and the batch's changes were then copied out of it into a vector, both held at once.
 //! Ranges never leave a scan group (`state_keys::scan_group`: a group key's entries,
-//! or the expiry index), so the entries are kept in order within their group only: a
-//! hash table of groups, each a few entries in a sorted vector, or a B-tree past
-//! [`FEW_MAX`] (the expiry index, a large list or map).
+//! or the expiry index), so the entries are kept in order within their group only: the
+//! changes in one vector, in the order the batch first changed them (the batch's
+//! result, once the changes that end where they began are dropped), and a hash table
+//! of groups, each the positions of its few changes in the vector, sorted by key, or
+//! past [`FEW_MAX`] (the expiry index, a large list or map) a B-tree of its keys.
 
 use std::collections::BTreeMap;
 use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
 
-use crate::records::KeyRecord;
+use crate::records::{KeyChange, KeyRecord};
 use crate::state_keys::scan_group;
 
 /// A group of more entries than this is kept in a B-tree rather than a sorted vector.
@@ -28,95 +31,59 @@ const FEW_RESERVED: usize = 4;
 /// A store entry's record (`None`: absent, or deleted).
 pub(crate) type Record = Option<KeyRecord>;
 
-/// A changed entry's committed record and its record after the batch so far.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Change {
-    pub before: Record,
-    pub after: Record,
-}
-
-/// The entries of one scan group, in key order (never empty).
+/// The changes of one scan group (never none), by their position in
+/// [`Applied::changes`], in key order.
 #[derive(Debug)]
 enum Group {
-    Few(Vec<(String, Change)>),
-    Many(BTreeMap<String, Change>),
+    Few(Vec<u32>),
+    Many(BTreeMap<String, u32>),
 }
 
 impl Group {
-    fn first_key(&self) -> &str {
+    fn first<'c>(&self, changes: &'c [KeyChange]) -> &'c str {
+        let first = match self {
+            Self::Few(at) => at.first(),
+            Self::Many(at) => at.values().next(),
+        };
+        first.map_or("", |&i| changes[i as usize].key.as_str())
+    }
+
+    /// The position of `key`'s change, or where a new one goes among the few.
+    fn find(&self, changes: &[KeyChange], key: &str) -> Result<u32, usize> {
         match self {
-            Self::Few(entries) => entries.first().map_or("", |(k, _)| k.as_str()),
-            Self::Many(entries) => entries.keys().next().map_or("", String::as_str),
+            Self::Few(at) => at.binary_search_by(|&i| changes[i as usize].key.as_str().cmp(key)).map(|i| at[i]),
+            Self::Many(at) => at.get(key).copied().ok_or(0),
         }
     }
 
-    fn get(&self, key: &str) -> Option<&Change> {
+    /// Adds the change at `i` of a key new to the group (`slot`: where [`Group::find`]
+    /// said it goes).
+    fn add(&mut self, changes: &[KeyChange], slot: usize, i: u32) {
         match self {
-            Self::Few(entries) => entries.binary_search_by(|(k, _)| k.as_str().cmp(key)).ok().map(|i| &entries[i].1),
-            Self::Many(entries) => entries.get(key),
-        }
-    }
-
-    /// Sets `key`'s record after the batch, its committed record from `before` if the
-    /// key is new to the group (then `true`).
-    fn insert<E>(
-        &mut self,
-        key: String,
-        after: Record,
-        before: impl FnOnce(&str) -> Result<Record, E>,
-    ) -> Result<bool, E> {
-        let changed = |key: String, after| Ok::<_, E>((before(&key)?, key, after));
-        match self {
-            Self::Few(entries) => match entries.binary_search_by(|(k, _)| k.as_str().cmp(&key)) {
-                Ok(i) => entries[i].1.after = after,
-                Err(i) => {
-                    let (before, key, after) = changed(key, after)?;
-                    entries.insert(i, (key, Change { before, after }));
-                    if entries.len() > FEW_MAX {
-                        *self = Self::Many(std::mem::take(entries).into_iter().collect());
-                    }
-                    return Ok(true);
+            Self::Few(at) => {
+                at.insert(slot, i);
+                if at.len() > FEW_MAX {
+                    let many = at.iter().map(|&i| (changes[i as usize].key.clone(), i)).collect();
+                    *self = Self::Many(many);
                 }
-            },
-            Self::Many(entries) => match entries.get_mut(&key) {
-                Some(change) => change.after = after,
-                None => {
-                    let (before, key, after) = changed(key, after)?;
-                    entries.insert(key, Change { before, after });
-                    return Ok(true);
-                }
-            },
-        }
-        Ok(false)
-    }
-
-    /// The entries whose key starts with `prefix`, in key order, with their records
-    /// after the batch so far.
-    fn range<'a>(&'a self, prefix: &'a str) -> Box<dyn Iterator<Item = (&'a str, &'a Record)> + 'a> {
-        let starts = move |(k, _): &(&'a str, &'a Record)| k.starts_with(prefix);
-        match self {
-            Self::Few(entries) => {
-                let first = entries.partition_point(|(k, _)| k.as_str() < prefix);
-                Box::new(entries[first..].iter().map(|(k, c)| (k.as_str(), &c.after)).take_while(starts))
             }
-            Self::Many(entries) => {
+            Self::Many(at) => {
+                at.insert(changes[i as usize].key.clone(), i);
+            }
+        }
+    }
+
+    /// The positions of the changes whose key starts with `prefix`, in key order.
+    fn range<'a>(&'a self, changes: &'a [KeyChange], prefix: &'a str) -> Box<dyn Iterator<Item = u32> + 'a> {
+        match self {
+            Self::Few(at) => {
+                let first = at.partition_point(|&i| changes[i as usize].key.as_str() < prefix);
+                Box::new(at[first..].iter().copied().take_while(move |&i| changes[i as usize].key.starts_with(prefix)))
+            }
+            Self::Many(at) => {
                 let from = (std::ops::Bound::Included(prefix), std::ops::Bound::Unbounded);
-                Box::new(entries.range::<str, _>(from).map(|(k, c)| (k.as_str(), &c.after)).take_while(starts))
+                Box::new(at.range::<str, _>(from).take_while(move |(k, _)| k.starts_with(prefix)).map(|(_, &i)| i))
             }
-        }
-    }
-
-    fn into_entries(self) -> Box<dyn Iterator<Item = (String, Change)>> {
-        match self {
-            Self::Few(entries) => Box::new(entries.into_iter()),
-            Self::Many(entries) => Box::new(entries.into_iter()),
-        }
-    }
-
-    fn changes(&self) -> Box<dyn Iterator<Item = &Change> + '_> {
-        match self {
-            Self::Few(entries) => Box::new(entries.iter().map(|(_, c)| c)),
-            Self::Many(entries) => Box::new(entries.values()),
         }
     }
 }
@@ -130,35 +97,42 @@ fn group_of(key: &str) -> &str {
 /// A batch's changed entries, by scan group (see the module doc).
 #[derive(Default)]
 pub(crate) struct Applied {
+    /// Each changed entry once: its committed record, and its record after the batch
+    /// so far.
+    changes: Vec<KeyChange>,
     groups: HashTable<Group>,
     hasher: foldhash::fast::RandomState,
-    len: usize,
 }
 
 impl std::fmt::Debug for Applied {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Applied").field("len", &self.len).field("groups", &self.groups.len()).finish()
+        f.debug_struct("Applied").field("changes", &self.changes.len()).field("groups", &self.groups.len()).finish()
     }
 }
 
 impl Applied {
-    /// Room for the entries of `groups` groups.
+    /// Room for the changes of `groups` groups, three each (the sensor workload's
+    /// plugin's; the vector grows past that, and pages of it never written take no
+    /// memory).
     pub fn with_groups(groups: usize) -> Self {
-        Self { groups: HashTable::with_capacity(groups), ..Self::default() }
+        let changes = Vec::with_capacity(groups.saturating_mul(3));
+        Self { changes, groups: HashTable::with_capacity(groups), ..Self::default() }
     }
 
     /// The entries changed.
     pub fn len(&self) -> usize {
-        self.len
+        self.changes.len()
     }
 
     fn group(&self, group: &str) -> Option<&Group> {
-        self.groups.find(self.hasher.hash_one(group), |g| group_of(g.first_key()) == group)
+        let changes = &self.changes;
+        self.groups.find(self.hasher.hash_one(group), |g| group_of(g.first(changes)) == group)
     }
 
     /// `key`'s record after the batch so far, if the batch changed it.
     pub fn get(&self, key: &str) -> Option<&Record> {
-        Some(&self.group(group_of(key))?.get(key)?.after)
+        let i = self.group(group_of(key))?.find(&self.changes, key).ok()?;
+        Some(&self.changes[i as usize].after)
     }
 
     /// Sets `key`'s record after the batch; when the batch had not changed it yet,
@@ -169,34 +143,48 @@ impl Applied {
         after: Record,
         before: impl FnOnce(&str) -> Result<Record, E>,
     ) -> Result<(), E> {
-        let Self { groups, hasher, len } = self;
-        let group = group_of(&key);
-        let hash = hasher.hash_one(group);
-        let new = match groups.find_mut(hash, |g| group_of(g.first_key()) == group) {
-            Some(entries) => entries.insert(key, after, before)?,
-            None => {
-                let before = before(&key)?;
-                let mut entries = Vec::with_capacity(FEW_RESERVED);
-                entries.push((key, Change { before, after }));
-                let entries = Group::Few(entries);
-                groups.insert_unique(hash, entries, |g| hasher.hash_one(group_of(g.first_key())));
-                true
+        let Self { changes, groups, hasher } = self;
+        let hash = hasher.hash_one(group_of(&key));
+        let group = groups.find_mut(hash, |g| group_of(g.first(changes)) == group_of(&key));
+        let slot = match group.as_ref().map(|g| g.find(changes, &key)) {
+            Some(Ok(i)) => {
+                changes[i as usize].after = after;
+                return Ok(());
             }
+            Some(Err(slot)) => slot,
+            None => 0,
         };
-        *len += usize::from(new);
+        let i = u32::try_from(changes.len()).expect("a batch's changes are bounded by its limits");
+        let before = before(&key)?;
+        changes.push(KeyChange { key, before, after });
+        match group {
+            Some(group) => group.add(changes, slot, i),
+            None => {
+                let mut at = Vec::with_capacity(FEW_RESERVED);
+                at.push(i);
+                groups.insert_unique(hash, Group::Few(at), |g| hasher.hash_one(group_of(g.first(changes))));
+            }
+        }
         Ok(())
     }
 
-    /// The changed entries whose key starts with `prefix`, in key order.
+    /// The changed entries whose key starts with `prefix`, in key order, with their
+    /// records after the batch so far.
     pub fn range<'a>(&'a self, prefix: &'a str) -> Box<dyn Iterator<Item = (&'a str, &'a Record)> + 'a> {
+        let changes = &self.changes;
+        let entry = move |i: u32| {
+            let change = &changes[i as usize];
+            (change.key.as_str(), &change.after)
+        };
         match scan_group(prefix) {
             Some(group) => match self.group(group) {
-                Some(entries) => entries.range(prefix),
+                Some(at) => Box::new(at.range(changes, prefix).map(entry)),
                 None => Box::new(std::iter::empty()),
             },
             // A prefix shorter than a group (no 0.2 range is): every group's, sorted.
             None => {
-                let mut all: Vec<(&str, &Record)> = self.groups.iter().flat_map(|g| g.range(prefix)).collect();
+                let mut all: Vec<(&str, &Record)> =
+                    changes.iter().filter(|c| c.key.starts_with(prefix)).map(|c| (c.key.as_str(), &c.after)).collect();
                 all.sort_unstable_by(|a, b| a.0.cmp(b.0));
                 Box::new(all.into_iter())
             }
@@ -205,12 +193,16 @@ impl Applied {
 
     /// How many of the changed entries are deletions.
     pub fn deleted(&self) -> usize {
-        self.groups.iter().flat_map(Group::changes).filter(|c| c.after.is_none()).count()
+        self.changes.iter().filter(|c| c.after.is_none()).count()
     }
 
-    /// The changed entries, group by group.
-    pub fn into_entries(self) -> impl Iterator<Item = (String, Change)> {
-        self.groups.into_iter().flat_map(Group::into_entries)
+    /// The batch's changes: every changed entry, in the order the batch first changed
+    /// it, but those that end as they began.
+    pub fn into_changes(self) -> Vec<KeyChange> {
+        let Self { mut changes, groups, .. } = self;
+        drop(groups);
+        changes.retain(|c| c.before != c.after);
+        changes
     }
 }
 
@@ -229,7 +221,7 @@ mod tests {
     #[test]
     fn applied_entries_match_one_ordered_map() {
         let mut applied = Applied::default();
-        let mut model: BTreeMap<String, Change> = BTreeMap::new();
+        let mut model: BTreeMap<String, (Record, Record)> = BTreeMap::new();
         let committed = |key: &str| rec(key.len() as u8);
         let mut keys = Vec::new();
         for group in ["a", "b", "big", "sensor-1"] {
@@ -257,7 +249,7 @@ mod tests {
             applied.insert(key.clone(), after.clone(), read).unwrap();
             let new = !model.contains_key(&key);
             assert_eq!(asked, usize::from(new), "{key:?}: the committed record is read once");
-            model.entry(key.clone()).or_insert(Change { before: committed(&key), after: None }).after = after;
+            model.entry(key.clone()).or_insert((committed(&key), None)).1 = after;
             assert_eq!(applied.len(), model.len());
         }
         // A failed read of the committed record changes nothing.
@@ -265,24 +257,24 @@ mod tests {
         assert_eq!(applied.insert(fresh.clone(), rec(1), |_| Err("no")), Err("no"));
         assert_eq!(applied.get(&fresh), None);
         for key in keys.iter().chain([&"nothing\0v\0x".to_owned()]) {
-            assert_eq!(applied.get(key), model.get(key).map(|c| &c.after), "{key:?}");
+            assert_eq!(applied.get(key), model.get(key).map(|c| &c.1), "{key:?}");
         }
         let mut prefixes: Vec<String> = ["a", "big", "sensor-1", "zz"].iter().map(|g| sk::group_prefix(g)).collect();
         prefixes.push(format!("{}v0", sk::group_prefix("big")));
         prefixes.push(sk::expired_range(true, 1_000).0);
         prefixes.push(String::new());
         for prefix in &prefixes {
-            let want: Vec<(&str, &Record)> = model
-                .iter()
-                .filter(|(k, _)| k.starts_with(prefix.as_str()))
-                .map(|(k, c)| (k.as_str(), &c.after))
-                .collect();
+            let want: Vec<(&str, &Record)> =
+                model.iter().filter(|(k, _)| k.starts_with(prefix.as_str())).map(|(k, c)| (k.as_str(), &c.1)).collect();
             let got: Vec<(&str, &Record)> = applied.range(prefix).collect();
             assert_eq!(got, want, "{prefix:?}");
         }
-        assert_eq!(applied.deleted(), model.values().filter(|c| c.after.is_none()).count());
-        let mut all: Vec<(String, Change)> = applied.into_entries().collect();
+        assert_eq!(applied.deleted(), model.values().filter(|c| c.1.is_none()).count());
+        let mut all: Vec<(String, Record, Record)> =
+            applied.into_changes().into_iter().map(|c| (c.key, c.before, c.after)).collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
-        assert_eq!(all, model.into_iter().collect::<Vec<_>>());
+        let want: Vec<(String, Record, Record)> =
+            model.into_iter().filter(|(_, c)| c.0 != c.1).map(|(k, (before, after))| (k, before, after)).collect();
+        assert_eq!(all, want);
     }
 }

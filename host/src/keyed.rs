@@ -8,7 +8,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use crate::applied::{Applied, Change};
+use crate::applied::Applied;
 use crate::config::{Limits, TimeoutKind};
 use crate::plugin::{CallError, Event};
 use crate::records::{KeyChange, KeyRecord};
@@ -292,13 +292,7 @@ impl BatchView {
 
     /// The batch's changes, each with the committed record before it.
     fn into_changes(self) -> Vec<KeyChange> {
-        let mut changes = Vec::with_capacity(self.applied.len());
-        for (key, Change { before, after }) in self.applied.into_entries() {
-            if before != after {
-                changes.push(KeyChange { key, before, after });
-            }
-        }
-        changes
+        self.applied.into_changes()
     }
 }
 
