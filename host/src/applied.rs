@@ -112,10 +112,11 @@ impl std::fmt::Debug for Applied {
 
 impl Applied {
     /// Room for the changes of `groups` groups, three each (the sensor workload's
-    /// plugin's; the vector grows past that, and pages of it never written take no
-    /// memory).
-    pub fn with_groups(groups: usize) -> Self {
-        let changes = Vec::with_capacity(groups.saturating_mul(3));
+    /// plugin's; the vector grows past that), in `changes` (emptied: the vector of an
+    /// earlier batch, whose memory is kept rather than faulted in again).
+    pub fn with_groups(groups: usize, mut changes: Vec<KeyChange>) -> Self {
+        changes.clear();
+        changes.reserve(groups.saturating_mul(3));
         Self { changes, groups: HashTable::with_capacity(groups), ..Self::default() }
     }
 

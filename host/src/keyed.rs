@@ -1038,13 +1038,14 @@ pub fn run_batch(
     threshold: Option<i64>,
     timers_max: usize,
     stop_on_failure: bool,
+    changes: Vec<KeyChange>,
 ) -> Result<KeyedBatch, StoreError> {
     let mut out = KeyedBatch::default();
     let mut reader = store.reader()?;
     let prefixes: Vec<String> = groups.iter().map(|&(key, _)| sk::group_prefix(key)).collect();
     reader.read_ahead(prefixes.iter().map(String::as_str))?;
     // Its calls change their group's entries, and the expired ones a few more.
-    let mut view = BatchView { reader, applied: Applied::with_groups(groups.len()) };
+    let mut view = BatchView { reader, applied: Applied::with_groups(groups.len(), changes) };
     out.expired = remove_expired(&mut view, ctx, ctx.expirations_max)?;
     for (group, &(key, events)) in groups.iter().enumerate() {
         let event_time = events.iter().filter_map(|e| e.event_time_ms).fold(ctx.watermark_ms, i64::max);

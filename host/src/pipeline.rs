@@ -915,7 +915,9 @@ impl Pipeline {
         let events: Vec<Event<'_>> = prepared.groups.events().collect();
         let groups: Vec<(&str, &[Event<'_>])> =
             prepared.groups.ranges().map(|(key, range)| (key, &events[range])).collect();
-        let done = crate::keyed::run_batch(function, &self.store, variables, &ctx, &groups, threshold, limit, fail)?;
+        let spare = std::mem::take(&mut batch.changes);
+        let done =
+            crate::keyed::run_batch(function, &self.store, variables, &ctx, &groups, threshold, limit, fail, spare)?;
         self.stages.plugin_ns += self.since(started);
         for called in done.calls {
             let key = called.key.as_str();
