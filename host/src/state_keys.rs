@@ -63,13 +63,23 @@ pub fn valid_variable_name(name: &str) -> bool {
 
 /// The prefix of every entry of `group`.
 pub fn group_prefix(group: &str) -> String {
-    let mut out = String::with_capacity(group.len() + 1);
-    for c in group.chars() {
-        match c {
-            '\u{1}' => out.push_str("\u{1}\u{2}"),
-            '\0' => out.push_str("\u{1}\u{1}"),
-            c => out.push(c),
+    group_prefix_with_room(group, 0)
+}
+
+/// [`group_prefix`], with room for `room` more bytes (the rest of a store key).
+fn group_prefix_with_room(group: &str, room: usize) -> String {
+    let mut out = String::with_capacity(group.len() + 1 + room);
+    if group.bytes().any(|b| b <= 1) {
+        for c in group.chars() {
+            match c {
+                '\u{1}' => out.push_str("\u{1}\u{2}"),
+                '\0' => out.push_str("\u{1}\u{1}"),
+                c => out.push(c),
+            }
         }
+    } else {
+        // Most group keys: nothing to escape.
+        out.push_str(group);
     }
     out.push(SEP);
     out
@@ -86,7 +96,7 @@ fn variable_prefix(group: &str, tag: char, name: &str) -> String {
 
 /// The store key of value variable `name`.
 pub fn value_key(group: &str, name: &str) -> String {
-    let mut out = group_prefix(group);
+    let mut out = group_prefix_with_room(group, 1 + name.len());
     out.push('v');
     out.push_str(name);
     out
@@ -131,7 +141,9 @@ pub fn timer_prefix(group: &str) -> String {
 
 /// The store key of `group`'s timer (expiry, name).
 pub fn timer_key(group: &str, expiry_ms: i64, name: Option<&str>) -> String {
-    let mut out = format!("{}{}", timer_prefix(group), ordered_hex(expiry_ms));
+    let mut out = group_prefix_with_room(group, 2 + 16 + name.map_or(0, |n| 2 * n.len()));
+    out.push('t');
+    push_ordered_hex(&mut out, expiry_ms);
     match name {
         None => out.push('-'),
         Some(name) => {
@@ -149,7 +161,18 @@ const EXPIRY_INDEX: &str = "\u{1}e";
 pub const EXPIRY_INDEX_OVERHEAD_BYTES: usize = EXPIRY_INDEX.len() + 1 + 16;
 
 fn ordered_hex(ms: i64) -> String {
-    format!("{:016x}", (ms as u64) ^ (1 << 63))
+    let mut out = String::with_capacity(16);
+    push_ordered_hex(&mut out, ms);
+    out
+}
+
+/// Appends `ms` as 16 lowercase hex digits whose order is the numbers' (a timer key
+/// is made on every `register-timer` and `delete-timer`: `format!` showed in profiles).
+fn push_ordered_hex(out: &mut String, ms: i64) {
+    let bits = (ms as u64) ^ (1 << 63);
+    for shift in (0..16).rev() {
+        out.push(char::from(b"0123456789abcdef"[((bits >> (4 * shift)) & 0xf) as usize]));
+    }
 }
 
 fn clock_tag(event_time: bool) -> char {
@@ -295,6 +318,15 @@ mod tests {
         let a = group_prefix("a");
         assert!(!value_key("a\0b", "v").starts_with(&a));
         assert!(!map_entry_key("a\u{1}", "m", b"x").starts_with(&a));
+    }
+
+    #[test]
+    fn timer_keys_keep_the_layout_stores_hold() {
+        for expiry in [i64::MIN, -1, 0, 1, 0x0123_4567_89ab_cdef, i64::MAX] {
+            let hex = format!("{:016x}", (expiry as u64) ^ (1 << 63));
+            assert_eq!(timer_key("g", expiry, None), format!("g\0t{hex}-"));
+            assert_eq!(timer_key("a\0", expiry, Some("n")), format!("a\u{1}\u{1}\0t{hex}~6e"));
+        }
     }
 
     #[test]
