@@ -4,8 +4,12 @@
 
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
+use groupstate::clock::ManualClock;
+use groupstate::pipeline::Pipeline;
 use groupstate::{ErrorPolicy, PipelineConfig, Stream, TimeoutKind};
-use groupstate_tests::{cache_dir, plugins, run};
+use groupstate_tests::{cache_dir, plugins, run, store_contents};
 use serde_json::{Value, json};
 
 const NOW: i64 = 1_800_000_000_000;
@@ -58,8 +62,20 @@ fn keyed_calls_are_atomic_and_timers_follow_the_rules() {
     config.on_error = ErrorPolicy::Skip;
     config.batch_events_max = 1;
     config.limits.timers_per_key_max = 3;
-    let summary = run(config, NOW);
+    let mut pipeline = Pipeline::open(config, Arc::new(ManualClock::new(NOW))).unwrap();
+    let (mut keys, mut timers) = (0, 0);
+    let summary = pipeline
+        .run(&mut |batch| {
+            keys += batch.keys_delta;
+            timers += batch.timers_delta;
+        })
+        .unwrap();
     assert_eq!(summary.total.failed_calls, 2, "the failing and the trapping call");
+    // The batches' changes moved the store's entries and timers by what it now holds:
+    // each change's record before is the one the store held.
+    let (entries, held) = store_contents(pipeline.store());
+    assert_eq!((keys, timers), (entries.len() as i64, held.len() as i64));
+    drop(pipeline);
     let out: Vec<Value> = std::fs::read_to_string(dir.path().join("out.jsonl"))
         .unwrap()
         .lines()
