@@ -1040,7 +1040,7 @@ pub fn run_batch(
     stop_on_failure: bool,
     changes: Vec<KeyChange>,
 ) -> Result<KeyedBatch, StoreError> {
-    let mut out = KeyedBatch::default();
+    let mut out = KeyedBatch { calls: Vec::with_capacity(groups.len()), ..KeyedBatch::default() };
     let mut reader = store.reader()?;
     let prefixes: Vec<String> = groups.iter().map(|&(key, _)| sk::group_prefix(key)).collect();
     reader.read_ahead(prefixes.iter().map(String::as_str))?;

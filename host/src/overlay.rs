@@ -69,6 +69,8 @@ const COMPOSITE_GROUP_BYTES: u64 = 112;
 /// A group of composite keys past this many is kept in a B-tree rather than a sorted
 /// vector (the expiry index, or a large list or map).
 const COMPOSITE_FEW_MAX: usize = 32;
+/// The offsets a new group of composite keys has room for.
+const COMPOSITE_FEW_RESERVED: usize = 4;
 /// An arena is not compacted below this size.
 const COMPACT_MIN_BYTES: usize = 1 << 20;
 
@@ -510,7 +512,11 @@ fn find_composite<'t>(table: &'t HashTable<CompositeGroup>, arena: &[u8], group:
 fn insert_composite(table: &mut HashTable<CompositeGroup>, arena: &[u8], group: &str, key: &str, at: usize) -> u64 {
     let hash = hash(group);
     let Some(found) = table.find_mut(hash, is_group(arena, group)) else {
-        table.insert_unique(hash, CompositeGroup { hash, keys: CompositeKeys::Few(vec![at]) }, |g| g.hash);
+        // Room for a few: a group key's entries come in together (a 0.2 call's value
+        // and timers), and growing from one showed in profiles.
+        let mut offsets = Vec::with_capacity(COMPOSITE_FEW_RESERVED);
+        offsets.push(at);
+        table.insert_unique(hash, CompositeGroup { hash, keys: CompositeKeys::Few(offsets) }, |g| g.hash);
         return COMPOSITE_GROUP_BYTES + COMPOSITE_OFFSET_BYTES;
     };
     match &mut found.keys {
