@@ -360,7 +360,7 @@ impl StoreReader {
 
     /// What was read ahead for the prefix `key` starts with, if it was.
     fn read_ahead_for(&self, key: &str) -> Option<&[(String, KeyRecord)]> {
-        let prefix = &key[..=key.find('\0')?];
+        let prefix = &key[..=memchr::memchr(0, key.as_bytes())?];
         self.ahead.get(prefix).map(Vec::as_slice)
     }
 
