@@ -155,7 +155,9 @@ impl Applied {
             Some(Err(slot)) => slot,
             None => 0,
         };
-        let i = u32::try_from(changes.len()).expect("a batch's changes are bounded by its limits");
+        // Positions are u32 (usize ran 4% slower): 4 billion changes of 100 bytes or
+        // more would not fit in memory first.
+        let i = u32::try_from(changes.len()).expect("a batch holds fewer than 4 billion changes");
         let before = before(&key)?;
         changes.push(KeyChange { key, before, after });
         match group {
