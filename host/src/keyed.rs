@@ -257,6 +257,19 @@ type Request<T> = Result<T, RequestError>;
 /// A committed record a call read from the store, by its key.
 type Noted = (String, Option<KeyRecord>);
 
+/// The most bytes (keys and values) of the committed records a call keeps for its
+/// changes' records before: past it, a change reads its record from the store again.
+/// A call may read many entries, or one large entry many times, and must not hold a
+/// copy of each.
+const NOTED_BYTES_MAX: usize = 64 << 10;
+
+/// The committed records a call read (see [`NOTED_BYTES_MAX`]).
+#[derive(Debug, Default)]
+struct NotedReads {
+    entries: Vec<Noted>,
+    bytes: usize,
+}
+
 /// What a batch's 0.2 calls read: the committed state, and what the batch's earlier
 /// calls applied over it.
 pub struct BatchView {
@@ -382,7 +395,7 @@ pub struct KeyCall {
     pub migrator: Option<Box<dyn Migrate>>,
     /// The committed records the call read from the store: the `before` of the
     /// batch's changes it makes first, without a second read.
-    noted: RefCell<Vec<Noted>>,
+    noted: RefCell<NotedReads>,
     /// A store read failed under the call.
     pub store_error: Option<StoreError>,
 }
@@ -418,7 +431,7 @@ impl KeyCall {
 
     /// Applies the staged changes to the batch (`ok`), or only the forced ones.
     fn finish(mut self, ok: bool) -> Result<BatchView, StoreError> {
-        let mut noted = self.noted.into_inner();
+        let mut noted = self.noted.into_inner().entries;
         noted.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         noted.dedup_by(|a, b| a.0 == b.0);
         if ok {
@@ -585,7 +598,12 @@ impl KeyCall {
             return Ok(record.clone());
         }
         let record = self.view.reader.get(key)?;
-        self.noted.borrow_mut().push((key.to_owned(), record.clone()));
+        let mut noted = self.noted.borrow_mut();
+        let bytes = key.len() + record.as_ref().and_then(|r| r.value.as_ref()).map_or(0, Vec::len);
+        if noted.bytes + bytes <= NOTED_BYTES_MAX {
+            noted.bytes += bytes;
+            noted.entries.push((key.to_owned(), record.clone()));
+        }
         Ok(record)
     }
 
@@ -1125,6 +1143,45 @@ mod tests {
         for damaged in [&b""[..], b"\x03rest", b"\x01short", b"\x02\x01\x02\x03\x04\x05\x06\x07"] {
             assert!(unpack_entry("k", damaged).is_err(), "{damaged:?}");
         }
+    }
+
+    /// A call reading one large entry again and again keeps a bounded copy of what it
+    /// read, and its change still carries the committed record before it.
+    #[test]
+    fn a_call_keeps_a_bounded_copy_of_what_it_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path(), 1 << 20, 64 << 20, 64 << 20).unwrap();
+        let key = sk::value_key("g", "v");
+        let large =
+            KeyRecord { value: Some(pack_entry(None, &vec![7; 40 << 10])), timeout_ms: None, schema_version: 1 };
+        let change = KeyChange { key: key.clone(), before: None, after: Some(large.clone()) };
+        store.commit(&[change], &crate::records::Checkpoint::default(), false).unwrap();
+        let limits = Limits::default();
+        let plan = crate::records::BatchPlan {
+            batch_id: 1,
+            start_offset: 0,
+            end_offset: 0,
+            processing_time_ms: 0,
+            watermark_ms: 0,
+        };
+        let ctx = CallContext::new(TimeoutKind::ProcessingTime, &plan, 1, &limits);
+        let variables = std::sync::Arc::new(vec![Variable {
+            name: "v".into(),
+            kind: VariableKind::Value,
+            ttl: None,
+            schema_version: 1,
+        }]);
+        let view = BatchView { reader: store.reader().unwrap(), applied: Applied::default() };
+        let mut call = KeyCall::new("g", ctx, view, variables, 0);
+        for _ in 0..100 {
+            assert_eq!(call.value_get("v").unwrap().map(|v| v.len()), Some(40 << 10));
+        }
+        assert!(call.noted.borrow().bytes <= NOTED_BYTES_MAX, "{}", call.noted.borrow().bytes);
+        assert_eq!(call.noted.borrow().entries.len(), 1);
+        call.value_set("v", b"small".to_vec()).unwrap();
+        let changes = call.finish(true).unwrap().into_changes();
+        assert_eq!(changes.len(), 1);
+        assert_eq!(changes[0].before, Some(large));
     }
 
     #[test]
