@@ -643,8 +643,6 @@ mod tests {
         assert_eq!(overlay.timers_below(None).collect::<Vec<_>>(), [(7, "k1")]);
     }
 
-    /// Many changes over few keys (so that the arena is compacted many times) against
-    /// a map of the latest record of each key.
     /// The composite keys' ranges, as 0.2 state reads them (within a scan group), match
     /// the model's.
     fn check_ranges(overlay: &Overlay, model: &BTreeMap<String, Option<KeyRecord>>) {
@@ -665,6 +663,8 @@ mod tests {
         }
     }
 
+    /// Many changes over few keys (so that the arena is compacted many times) against
+    /// a map of the latest record of each key, and their ranges of composite keys too.
     #[test]
     fn matches_a_map_of_the_latest_changes_through_compactions() {
         let mut overlay = Overlay::default();
