@@ -3,7 +3,6 @@
 //! a timer deleted in a data call not firing, and the limits.
 
 use std::path::{Path, PathBuf};
-
 use std::sync::Arc;
 
 use groupstate::clock::ManualClock;
