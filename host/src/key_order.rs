@@ -1,4 +1,5 @@
-//! Sorting many keys by their bytes, as the store orders them.
+//! Sorting many keys by their bytes, as the store orders them, and merging layers of
+//! keys in that order.
 //!
 //! A fold sorts every key of the overlay and a batch sorts the keys it reads from sled,
 //! hundreds of thousands at a million keys. Compared whole, each comparison follows two
@@ -46,6 +47,29 @@ pub(crate) fn cmp_keys(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
         (Some(x), Some(y)) => u64::from_be_bytes(*x).cmp(&u64::from_be_bytes(*y)).then_with(|| a[8..].cmp(&b[8..])),
         _ => a.cmp(b),
     }
+}
+
+/// The keys of `layers`, each layer in key order with each key once and whether it
+/// holds the key (`false`: it deletes it), merged in key order, each key once with
+/// what the first layer that has it says: layers of changes over the state below
+/// them, the latest first.
+pub(crate) fn latest<'a>(
+    layers: Vec<Box<dyn Iterator<Item = (&'a str, bool)> + 'a>>,
+) -> impl Iterator<Item = (&'a str, bool)> + 'a {
+    let mut layers: Vec<_> = layers.into_iter().map(Iterator::peekable).collect();
+    std::iter::from_fn(move || {
+        let key = layers.iter_mut().filter_map(|l| l.peek().map(|&(k, _)| k)).min()?;
+        let mut held = None;
+        for layer in &mut layers {
+            if let Some(&(k, h)) = layer.peek()
+                && k == key
+            {
+                held.get_or_insert(h);
+                layer.next();
+            }
+        }
+        held.map(|h| (key, h))
+    })
 }
 
 fn common_prefix_len(a: &[u8], b: &[u8]) -> usize {

@@ -652,6 +652,21 @@ impl KeyCall {
         Ok(live)
     }
 
+    /// How many entries under `prefix` [`KeyCall::range`] would give, counted up to
+    /// `max`, without copying one where the prefix was read ahead (`register-timer`
+    /// counts the key's timers: a range copied each into a map).
+    fn count(&self, prefix: &str, max: usize) -> Request<usize> {
+        let Some(stored) = self.view.reader.keys_with_prefix(prefix) else {
+            return Ok(self.range(prefix)?.len().min(max));
+        };
+        type Layer<'a> = Box<dyn Iterator<Item = (&'a str, bool)> + 'a>;
+        let ours = |m| -> Layer<'_> { Box::new(in_prefix(m, prefix).map(|(k, r)| (k, r.is_some()))) };
+        let applied = self.view.applied.range(prefix).map(|(k, r)| (k, r.is_some()));
+        let stored = stored.map(|k| (k, true));
+        let layers = vec![ours(&self.staged), ours(&self.migrated), Box::new(applied), Box::new(stored)];
+        Ok(crate::key_order::latest(layers).filter(|&(_, held)| held).take(max).count())
+    }
+
     /// The plugin's bytes of the entry under `key`, `part` of variable `name`, in the
     /// variable's current layout; `None` when it is absent or expired.
     fn current_entry(&mut self, name: &str, part: StatePart, key: &str) -> Request<Option<Vec<u8>>> {
@@ -875,9 +890,9 @@ impl KeyCall {
         if self.read(&key)?.is_some() {
             return Ok(());
         }
-        let held = self.range(&sk::timer_prefix(&self.key));
+        let held = self.count(&sk::timer_prefix(&self.key), self.ctx.timers_max);
         match held {
-            Ok(timers) if timers.len() < self.ctx.timers_max => {}
+            Ok(timers) if timers < self.ctx.timers_max => {}
             Ok(_) | Err(RequestError::Refused(KeyStateError::TooManyEntries(_))) => {
                 return Err(KeyStateError::TooManyTimers(clamp_u32(self.ctx.timers_max)).into());
             }
@@ -1182,6 +1197,86 @@ mod tests {
         let changes = call.finish(true).unwrap().into_changes();
         assert_eq!(changes.len(), 1);
         assert_eq!(changes[0].before, Some(large));
+    }
+
+    /// A key's timers counted at `register-timer` are those the call would list: the
+    /// store's (in sled, and the overlay's over them), an earlier call's of the batch
+    /// and the call's own, whether the key's entries were read ahead or not.
+    #[test]
+    fn a_count_of_timers_sees_every_layer_as_a_listing_does() {
+        for read_ahead in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut store = Store::open(dir.path(), 1 << 20, 64 << 20, 64 << 20).unwrap();
+            let mut rng = crate::workload::Rng::new(5);
+            let groups = ["g0", "g1", "g2"];
+            // Few enough that a group's committed timers fit the pages a read-ahead
+            // takes (pages are 64 bytes in tests).
+            const EXPIRIES: i64 = 6;
+            let mut model: Vec<std::collections::BTreeSet<i64>> = vec![Default::default(); groups.len()];
+            let timer = |expiry| KeyRecord { value: None, timeout_ms: Some(expiry), schema_version: 1 };
+            // Two committed batches, the first folded into sled, the second in the overlay.
+            for fold in [true, false] {
+                let mut changes = Vec::new();
+                for (g, held) in groups.iter().zip(&mut model) {
+                    for expiry in 1..=EXPIRIES {
+                        let key = sk::timer_key(g, expiry, None);
+                        let (before, after) = (held.contains(&expiry), rng.range(0, 3) == 0);
+                        if before != after {
+                            let record = |on: bool| on.then(|| timer(expiry));
+                            changes.push(KeyChange { key, before: record(before), after: record(after) });
+                            if after {
+                                held.insert(expiry)
+                            } else {
+                                held.remove(&expiry)
+                            };
+                        }
+                    }
+                }
+                store.commit(&changes, &crate::records::Checkpoint::default(), false).unwrap();
+                if fold {
+                    store.flush().unwrap();
+                }
+            }
+            let limits = Limits::default();
+            let plan = crate::records::BatchPlan {
+                batch_id: 1,
+                start_offset: 0,
+                end_offset: 0,
+                processing_time_ms: 0,
+                watermark_ms: 0,
+            };
+            let mut reader = store.reader().unwrap();
+            let prefixes: Vec<String> = groups.iter().map(|g| sk::group_prefix(g)).collect();
+            if read_ahead {
+                reader.read_ahead(prefixes.iter().map(String::as_str)).unwrap();
+            }
+            for g in groups {
+                assert_eq!(reader.keys_with_prefix(&sk::timer_prefix(g)).is_some(), read_ahead, "{g}");
+            }
+            let mut view = BatchView { reader, applied: Applied::default() };
+            // Three calls of each key in one batch: each sees the earlier ones' timers.
+            for round in 0..9 {
+                let g = round % groups.len();
+                let ctx = CallContext::new(TimeoutKind::ProcessingTime, &plan, 1, &limits);
+                let mut call = KeyCall::new(groups[g], ctx, view, std::sync::Arc::new(Vec::new()), 0);
+                let prefix = sk::timer_prefix(groups[g]);
+                for _ in 0..6 {
+                    let expiry = rng.range(1, EXPIRIES + 1);
+                    if rng.range(0, 2) == 0 {
+                        call.register_timer(expiry, None).unwrap();
+                        model[g].insert(expiry);
+                    } else {
+                        call.delete_timer(expiry, None).unwrap();
+                        model[g].remove(&expiry);
+                    }
+                    let counted = call.count(&prefix, usize::MAX).unwrap();
+                    assert_eq!(counted, model[g].len(), "round {round}, read ahead: {read_ahead}");
+                    assert_eq!(counted, call.range(&prefix).unwrap().len());
+                    assert_eq!(call.count(&prefix, 2).unwrap(), counted.min(2));
+                }
+                view = call.finish(true).unwrap();
+            }
+        }
     }
 
     #[test]

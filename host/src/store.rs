@@ -307,19 +307,21 @@ impl std::fmt::Debug for StoreReader {
 }
 
 impl StoreReader {
-    /// Reads ahead, in one pass over the pages in key order, what sled holds under
+    /// Reads ahead, in one pass over the pages in key order, the committed state under
     /// each of `prefixes` (each ends with its only `\0`, as a 0.2 group key's entries
-    /// do): later reads of those keys find it here instead of searching sled for each.
+    /// do): what sled holds, with the overlays' changes over it. Later reads of those
+    /// keys find it here instead of searching sled and probing the overlays for each.
     /// A batch's 0.2 calls read each of their group keys a few times, at random places
     /// of the store, and a new sled search copied a whole leaf each time (most of a
     /// call at a million keys). A prefix over more than [`READ_AHEAD_PAGES_MAX`] pages
     /// (a large list or map, of which a call reads little), and the prefixes after
     /// [`READ_AHEAD_BYTES_MAX`] are read, are left to sled.
     ///
-    /// The records are what sled held when they were read. A fold applying chunks
-    /// meanwhile changes in sled only the records of the keys of the overlay it
-    /// folds, which this reader answers from that overlay first; its splits and
-    /// removals of pages change no record.
+    /// The records are what sled held when they were read, under the reader's
+    /// overlays, which no commit changes (see [`Store::reader`]). A fold applying
+    /// chunks meanwhile changes in sled only the records of the keys of the overlay it
+    /// folds, whose records replace sled's here; its splits and removals of pages
+    /// change no record.
     pub fn read_ahead<'p>(&mut self, prefixes: impl Iterator<Item = &'p str>) -> Result<()> {
         let mut prefixes: Vec<&str> = prefixes.filter(|p| p.ends_with('\0')).collect();
         crate::key_order::sort_by_key(&mut prefixes, |p| p.as_bytes());
@@ -352,13 +354,29 @@ impl StoreReader {
                 }
             };
             if whole {
+                for overlay in self.folding.iter().chain([&self.overlay]) {
+                    for (key, record) in overlay.range_from(prefix).take_while(|(k, _)| k.starts_with(prefix)) {
+                        let at = entries.binary_search_by(|(k, _)| k.as_str().cmp(key));
+                        let record = record.map(|bytes| codec::decode("overlay record", bytes)).transpose()?;
+                        match (at, record) {
+                            (Ok(i), Some(record)) => entries[i].1 = record,
+                            (Ok(i), None) => drop(entries.remove(i)),
+                            (Err(i), Some(record)) => {
+                                bytes += key.len() + record.value.as_ref().map_or(0, Vec::len) + 64;
+                                entries.insert(i, (key.to_owned(), record));
+                            }
+                            (Err(_), None) => {}
+                        }
+                    }
+                }
                 self.ahead.insert(prefix.to_owned(), entries);
             }
         }
         Ok(())
     }
 
-    /// What was read ahead for the prefix `key` starts with, if it was.
+    /// The committed entries under the prefix `key` starts with, if they were read
+    /// ahead: all of them, in key order.
     fn read_ahead_for(&self, key: &str) -> Option<&[(String, KeyRecord)]> {
         let prefix = &key[..=memchr::memchr(0, key.as_bytes())?];
         self.ahead.get(prefix).map(Vec::as_slice)
@@ -366,13 +384,13 @@ impl StoreReader {
 
     /// The committed record of `key`.
     pub fn get(&self, key: &str) -> Result<Option<KeyRecord>> {
-        let buffered = self.overlay.get(key).or_else(|| self.folding.as_ref()?.get(key));
-        if let Some(record) = buffered {
-            return Ok(record.map(|bytes| codec::decode("overlay record", bytes)).transpose()?);
-        }
         if let Some(entries) = self.read_ahead_for(key) {
             let found = entries.binary_search_by(|(k, _)| k.as_str().cmp(key));
             return Ok(found.ok().map(|i| entries[i].1.clone()));
+        }
+        let buffered = self.overlay.get(key).or_else(|| self.folding.as_ref()?.get(key));
+        if let Some(record) = buffered {
+            return Ok(record.map(|bytes| codec::decode("overlay record", bytes)).transpose()?);
         }
         match PageCursor::new(&self.tree).page_of(key)? {
             Some((_, bytes)) => Ok(Page::lookup(bytes, key)?),
@@ -386,26 +404,34 @@ impl StoreReader {
     /// `prefix` on (`prefix` must hold a `\0`, as the keys of 0.2 state do).
     pub fn scan_prefix(&self, prefix: &str, limit: usize) -> Result<Vec<(String, KeyRecord)>> {
         debug_assert!(prefix.contains('\0'), "a prefix scan of keys the overlay does not order");
-        self.scan(prefix, |k| k.starts_with(prefix), limit, self.read_ahead_for(prefix))
+        if let Some(entries) = self.read_ahead_for(prefix) {
+            let first = entries.partition_point(|(k, _)| k.as_str() < prefix);
+            let within = entries[first..].iter().take_while(|(k, _)| k.starts_with(prefix));
+            return Ok(within.take(limit.saturating_add(1)).cloned().collect());
+        }
+        self.scan(prefix, |k| k.starts_with(prefix), limit)
+    }
+
+    /// The committed keys that start with `prefix` (which holds a `\0`), in key order,
+    /// when they were read ahead ([`StoreReader::read_ahead`]); `None` when they were
+    /// not. Nothing is copied, as a count needs: [`StoreReader::scan_prefix`] gives
+    /// the records.
+    pub fn keys_with_prefix<'a>(&'a self, prefix: &'a str) -> Option<impl Iterator<Item = &'a str> + 'a> {
+        let ahead = self.read_ahead_for(prefix)?;
+        let first = ahead.partition_point(|(k, _)| k.as_str() < prefix);
+        Some(ahead[first..].iter().map(|(k, _)| k.as_str()).take_while(move |k| k.starts_with(prefix)))
     }
 
     /// The committed records of the keys in `[start, end)`, in key order: at most
     /// `limit + 1`, as [`StoreReader::scan_prefix`] (every key in the range must hold a
     /// `\0`, as the expiry index's do).
     pub fn scan_range(&self, start: &str, end: &str, limit: usize) -> Result<Vec<(String, KeyRecord)>> {
-        self.scan(start, |k| k < end, limit, None)
+        self.scan(start, |k| k < end, limit)
     }
 
     /// The keys from `start` on while `within` holds (it holds for a prefix of the
-    /// keys from `start`), from what was read ahead for them if given (it holds all
-    /// such keys), else from sled.
-    fn scan(
-        &self,
-        start: &str,
-        within: impl Fn(&str) -> bool,
-        limit: usize,
-        ahead: Option<&[(String, KeyRecord)]>,
-    ) -> Result<Vec<(String, KeyRecord)>> {
+    /// keys from `start`), from the overlays and sled.
+    fn scan(&self, start: &str, within: impl Fn(&str) -> bool, limit: usize) -> Result<Vec<(String, KeyRecord)>> {
         let want = limit.saturating_add(1);
         let mut buffered: std::collections::BTreeMap<&str, Option<&[u8]>> = std::collections::BTreeMap::new();
         if let Some(folding) = &self.folding {
@@ -415,14 +441,7 @@ impl StoreReader {
         let mut found: std::collections::BTreeMap<String, KeyRecord> = std::collections::BTreeMap::new();
         // Enough of sled's to fill `want` whatever the overlays delete.
         let stored_max = want.saturating_add(buffered.len());
-        if let Some(entries) = ahead {
-            let first = entries.partition_point(|(k, _)| k.as_str() < start);
-            let stored = entries[first..].iter().take_while(|(k, _)| within(k));
-            let stored = stored.filter(|(k, _)| !buffered.contains_key(k.as_str())).take(stored_max);
-            found.extend(stored.cloned());
-        } else {
-            self.scan_sled(start, &within, &buffered, stored_max, &mut found)?;
-        }
+        self.scan_sled(start, &within, &buffered, stored_max, &mut found)?;
         for (key, record) in buffered {
             if let Some(bytes) = record {
                 found.insert(key.to_owned(), codec::decode("overlay record", bytes)?);
