@@ -2,112 +2,41 @@
 //! later calls read before the committed state, and which become the batch's
 //! [`KeyChange`]s.
 //!
-//! A batch over a million group keys changes a few hundred thousand entries. Held in
-//! one map ordered by store key, every read, range and insert searched a deep tree of
-//! strings that share long prefixes (16% of a 0.2 batch loop, most of it `memcmp`);
-//! and the batch's changes were then copied out of it into a vector, both held at once.
-//! Ranges never leave a scan group (`state_keys::scan_group`: a group key's entries,
-//! or the expiry index), so the entries are kept in order within their group only: the
-//! changes in one vector, in the order the batch first changed them (the batch's
-//! result, once the changes that end where they began are dropped), and a hash table
-//! of groups, each the positions of its few changes in the vector, sorted by key, or
-//! past [`FEW_MAX`] (the expiry index, a large list or map) a B-tree of its keys.
-
-use std::collections::BTreeMap;
-use std::hash::BuildHasher;
-
-use hashbrown::HashTable;
+//! The changes are kept in one vector, in the order the batch first changed them (the
+//! batch's result, once the changes that end where they began are dropped), and found
+//! by their key through `ScanGroups` (`scan_groups.rs`), whose positions are indices
+//! in that vector. Held in one map ordered by store key, every read, range and insert
+//! searched a deep tree of strings that share long prefixes (16% of a 0.2 batch loop
+//! at a million group keys, most of it `memcmp`); and the batch's changes were then
+//! copied out of it into a vector, both held at once.
 
 use crate::records::{KeyChange, KeyRecord};
+use crate::scan_groups::ScanGroups;
 use crate::state_keys::scan_group;
-
-/// A group of more entries than this is kept in a B-tree rather than a sorted vector.
-const FEW_MAX: usize = 32;
-
-/// The entries a new group has room for: a call of the sensor workload's 0.2 plugin
-/// changes three (its value, the timer it sets and the one it deletes).
-const FEW_RESERVED: usize = 4;
 
 /// A store entry's record (`None`: absent, or deleted).
 pub(crate) type Record = Option<KeyRecord>;
 
-/// The changes of one scan group (never none), by their position in
-/// [`Applied::changes`], in key order.
-#[derive(Debug)]
-enum Group {
-    Few(Vec<u32>),
-    Many(BTreeMap<String, u32>),
-}
-
-impl Group {
-    fn first<'c>(&self, changes: &'c [KeyChange]) -> &'c str {
-        let first = match self {
-            Self::Few(at) => at.first(),
-            Self::Many(at) => at.values().next(),
-        };
-        first.map_or("", |&i| changes[i as usize].key.as_str())
-    }
-
-    /// The position of `key`'s change, or where a new one goes among the few.
-    fn find(&self, changes: &[KeyChange], key: &str) -> Result<u32, usize> {
-        match self {
-            Self::Few(at) => at.binary_search_by(|&i| changes[i as usize].key.as_str().cmp(key)).map(|i| at[i]),
-            Self::Many(at) => at.get(key).copied().ok_or(0),
-        }
-    }
-
-    /// Adds the change at `i` of a key new to the group (`slot`: where [`Group::find`]
-    /// said it goes).
-    fn add(&mut self, changes: &[KeyChange], slot: usize, i: u32) {
-        match self {
-            Self::Few(at) => {
-                at.insert(slot, i);
-                if at.len() > FEW_MAX {
-                    let many = at.iter().map(|&i| (changes[i as usize].key.clone(), i)).collect();
-                    *self = Self::Many(many);
-                }
-            }
-            Self::Many(at) => {
-                at.insert(changes[i as usize].key.clone(), i);
-            }
-        }
-    }
-
-    /// The positions of the changes whose key starts with `prefix`, in key order.
-    fn range<'a>(&'a self, changes: &'a [KeyChange], prefix: &'a str) -> Box<dyn Iterator<Item = u32> + 'a> {
-        match self {
-            Self::Few(at) => {
-                let first = at.partition_point(|&i| changes[i as usize].key.as_str() < prefix);
-                Box::new(at[first..].iter().copied().take_while(move |&i| changes[i as usize].key.starts_with(prefix)))
-            }
-            Self::Many(at) => {
-                let from = (std::ops::Bound::Included(prefix), std::ops::Bound::Unbounded);
-                Box::new(at.range::<str, _>(from).take_while(move |(k, _)| k.starts_with(prefix)).map(|(_, &i)| i))
-            }
-        }
-    }
-}
-
-/// The group of a store key: its scan group, or `""` for a key outside any (none of
-/// 0.2's).
-fn group_of(key: &str) -> &str {
-    scan_group(key).unwrap_or("")
-}
-
-/// A batch's changed entries, by scan group (see the module doc).
+/// A batch's changed entries (see the module doc).
 #[derive(Default)]
 pub(crate) struct Applied {
     /// Each changed entry once: its committed record, and its record after the batch
     /// so far.
     changes: Vec<KeyChange>,
-    groups: HashTable<Group>,
-    hasher: foldhash::fast::RandomState,
+    /// The changes' positions in `changes`, by key. Positions are u32 (usize ran 4%
+    /// slower): 4 billion changes of 100 bytes or more would not fit in memory first.
+    groups: ScanGroups<u32>,
 }
 
 impl std::fmt::Debug for Applied {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Applied").field("changes", &self.changes.len()).field("groups", &self.groups.len()).finish()
+        f.debug_struct("Applied").field("changes", &self.changes.len()).finish_non_exhaustive()
     }
+}
+
+/// Where `changes` holds the key at `i`.
+fn key_at<'c>(changes: &'c [KeyChange]) -> impl Fn(u32) -> &'c [u8] {
+    move |i| changes[i as usize].key.as_bytes()
 }
 
 impl Applied {
@@ -117,7 +46,7 @@ impl Applied {
     pub fn with_groups(groups: usize, mut changes: Vec<KeyChange>) -> Self {
         changes.clear();
         changes.reserve(groups.saturating_mul(3));
-        Self { changes, groups: HashTable::with_capacity(groups), ..Self::default() }
+        Self { changes, groups: ScanGroups::with_capacity(groups) }
     }
 
     /// The entries changed.
@@ -125,14 +54,9 @@ impl Applied {
         self.changes.len()
     }
 
-    fn group(&self, group: &str) -> Option<&Group> {
-        let changes = &self.changes;
-        self.groups.find(self.hasher.hash_one(group), |g| group_of(g.first(changes)) == group)
-    }
-
     /// `key`'s record after the batch so far, if the batch changed it.
     pub fn get(&self, key: &str) -> Option<&Record> {
-        let i = self.group(group_of(key))?.find(&self.changes, key).ok()?;
+        let i = self.groups.get(key.as_bytes(), key_at(&self.changes))?;
         Some(&self.changes[i as usize].after)
     }
 
@@ -144,30 +68,15 @@ impl Applied {
         after: Record,
         before: impl FnOnce(&str) -> Result<Record, E>,
     ) -> Result<(), E> {
-        let Self { changes, groups, hasher } = self;
-        let hash = hasher.hash_one(group_of(&key));
-        let group = groups.find_mut(hash, |g| group_of(g.first(changes)) == group_of(&key));
-        let slot = match group.as_ref().map(|g| g.find(changes, &key)) {
-            Some(Ok(i)) => {
-                changes[i as usize].after = after;
-                return Ok(());
-            }
-            Some(Err(slot)) => slot,
-            None => 0,
-        };
-        // Positions are u32 (usize ran 4% slower): 4 billion changes of 100 bytes or
-        // more would not fit in memory first.
+        let Self { changes, groups } = self;
+        if let Some(i) = groups.get(key.as_bytes(), key_at(changes)) {
+            changes[i as usize].after = after;
+            return Ok(());
+        }
         let i = u32::try_from(changes.len()).expect("a batch holds fewer than 4 billion changes");
         let before = before(&key)?;
         changes.push(KeyChange { key, before, after });
-        match group {
-            Some(group) => group.add(changes, slot, i),
-            None => {
-                let mut at = Vec::with_capacity(FEW_RESERVED);
-                at.push(i);
-                groups.insert_unique(hash, Group::Few(at), |g| hasher.hash_one(group_of(g.first(changes))));
-            }
-        }
+        groups.insert_new(changes[i as usize].key.as_bytes(), i, key_at(changes));
         Ok(())
     }
 
@@ -175,23 +84,16 @@ impl Applied {
     /// records after the batch so far.
     pub fn range<'a>(&'a self, prefix: &'a str) -> Box<dyn Iterator<Item = (&'a str, &'a Record)> + 'a> {
         let changes = &self.changes;
-        let entry = move |i: u32| {
-            let change = &changes[i as usize];
-            (change.key.as_str(), &change.after)
-        };
-        match scan_group(prefix) {
-            Some(group) => match self.group(group) {
-                Some(at) => Box::new(at.range(changes, prefix).map(entry)),
-                None => Box::new(std::iter::empty()),
-            },
+        if scan_group(prefix).is_none() {
             // A prefix shorter than a group (no 0.2 range is): every group's, sorted.
-            None => {
-                let mut all: Vec<(&str, &Record)> =
-                    changes.iter().filter(|c| c.key.starts_with(prefix)).map(|c| (c.key.as_str(), &c.after)).collect();
-                all.sort_unstable_by(|a, b| a.0.cmp(b.0));
-                Box::new(all.into_iter())
-            }
+            let mut all: Vec<(&str, &Record)> =
+                changes.iter().filter(|c| c.key.starts_with(prefix)).map(|c| (c.key.as_str(), &c.after)).collect();
+            all.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            return Box::new(all.into_iter());
         }
+        let within = self.groups.range_from(prefix.as_bytes(), key_at(changes));
+        let entries = within.map(move |i| (changes[i as usize].key.as_str(), &changes[i as usize].after));
+        Box::new(entries.take_while(move |(k, _)| k.starts_with(prefix)))
     }
 
     /// How many of the changed entries are deletions.
@@ -202,7 +104,7 @@ impl Applied {
     /// The batch's changes: every changed entry, in the order the batch first changed
     /// it, but those that end as they began.
     pub fn into_changes(self) -> Vec<KeyChange> {
-        let Self { mut changes, groups, .. } = self;
+        let Self { mut changes, groups } = self;
         drop(groups);
         changes.retain(|c| c.before != c.after);
         changes
@@ -211,6 +113,8 @@ impl Applied {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
     use crate::state_keys as sk;
 
@@ -219,7 +123,7 @@ mod tests {
     }
 
     /// Inserts, reads and ranges match one ordered map of every key, with groups small
-    /// and past `FEW_MAX`, the expiry index, and prefixes within and across groups; the
+    /// and large (past `scan_groups`' few), the expiry index, and prefixes within and across groups; the
     /// committed record of a key is asked for once, when the batch first changes it.
     #[test]
     fn applied_entries_match_one_ordered_map() {
@@ -228,7 +132,7 @@ mod tests {
         let committed = |key: &str| rec(key.len() as u8);
         let mut keys = Vec::new();
         for group in ["a", "b", "big", "sensor-1"] {
-            let n = if group == "big" { 3 * FEW_MAX } else { 5 };
+            let n = if group == "big" { 100 } else { 5 };
             for i in 0..n {
                 keys.push(sk::value_key(group, &format!("v{i:03}")));
                 keys.push(sk::timer_key(group, i as i64, None));

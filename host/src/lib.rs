@@ -32,6 +32,7 @@ mod redo;
 pub mod reload;
 pub mod restore;
 pub mod scaffold;
+mod scan_groups;
 pub mod scenario;
 pub mod sink;
 pub mod source;

@@ -20,14 +20,9 @@
 //! and a read of the expired ones walks the buckets below its threshold only.
 //!
 //! The composite keys of 0.2 state (`state_keys.rs`, the only keys holding a `\0`) are
-//! also kept in order, so that the entries of one list or map variable are found by a
-//! range, not a pass over every key ([`Overlay::range_from`]); in order within their
-//! scan group only (a group key's entries, or the expiry index), which no 0.2 range
-//! leaves: a hash table of groups, each a few arena offsets sorted by key (or a B-tree
-//! of keys past [`COMPOSITE_FEW_MAX`]). One ordered set of all the keys (300 000
-//! strings at a million group keys) cost a search of many cache misses for each range
-//! and each new key, 14% of a 0.2 batch loop; the groups ran a 0.2 plugin over 1M
-//! sensors 1.16 to 1.33 times as fast (BENCHMARKS.md).
+//! also kept in order within their scan group (`scan_groups.rs`, at the offset of an
+//! entry of theirs), so that the entries of one list or map variable are found by a
+//! range, not a pass over every key ([`Overlay::range_from`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::BuildHasher;
@@ -36,6 +31,7 @@ use hashbrown::HashTable;
 
 use crate::codec;
 use crate::records::KeyRecord;
+use crate::scan_groups::ScanGroups;
 
 /// An entry's header: the key's length (u16), the record's length (u32, [`DELETED`]
 /// for a deletion), a byte of flags ([`HAS_DEADLINE`], [`REPLACED`]) and the deadline
@@ -58,19 +54,6 @@ const BUCKET_BYTES: u64 = 64;
 const BUCKET_SHIFT: u32 = 16;
 /// What a hash table slot takes: a [`Slot`] and a control byte.
 const SLOT_BYTES: u64 = 17;
-/// What a composite key of a large group is charged beyond its bytes: an estimate.
-const COMPOSITE_KEY_BYTES: u64 = 48;
-/// What a composite key of a small group is charged (its offset, with room to grow).
-const COMPOSITE_OFFSET_BYTES: u64 = 16;
-/// What a group of composite keys is charged beyond its keys: its slot in the hash
-/// table (40 bytes and a control byte, in a table at most seven eighths full) and its
-/// vector's allocation, an estimate.
-const COMPOSITE_GROUP_BYTES: u64 = 112;
-/// A group of composite keys past this many is kept in a B-tree rather than a sorted
-/// vector (the expiry index, or a large list or map).
-const COMPOSITE_FEW_MAX: usize = 32;
-/// The offsets a new group of composite keys has room for.
-const COMPOSITE_FEW_RESERVED: usize = 4;
 /// An arena is not compacted below this size.
 const COMPACT_MIN_BYTES: usize = 1 << 20;
 
@@ -192,10 +175,11 @@ pub(crate) struct Overlay {
     timers: Timers,
     /// The bytes of the latest entries (the rest of the arena is garbage).
     live: usize,
-    /// The keys holding a `\0` (0.2 state), by scan group, each group in key order.
-    composite: HashTable<CompositeGroup>,
-    /// What `composite` takes, about.
-    composite_bytes: u64,
+    /// The keys holding a `\0` (0.2 state), by scan group, each group in key order: for
+    /// each, the offset of one of its entries (the first the overlay took: a later
+    /// change of the key leaves its bytes there, and compaction points it at the key's
+    /// live entry).
+    composite: ScanGroups<usize>,
 }
 
 impl std::fmt::Debug for Overlay {
@@ -217,13 +201,12 @@ impl Overlay {
 
     /// Empties it, keeping its memory (the arena's and the hash table's room).
     pub fn clear(&mut self) {
-        let Self { arena, index, timers, live, composite, composite_bytes } = self;
+        let Self { arena, index, timers, live, composite } = self;
         arena.clear();
         index.clear();
         timers.clear();
         *live = 0;
         composite.clear();
-        *composite_bytes = 0;
     }
 
     /// Applies one committed change.
@@ -254,7 +237,7 @@ impl Overlay {
             let record_len = u32::try_from(self.arena.len() - record_at).expect("records are at most RECORD_BYTES_MAX");
             self.arena[at + 2..at + 6].copy_from_slice(&record_len.to_le_bytes());
         }
-        let Self { arena, index, timers, live, composite, composite_bytes } = self;
+        let Self { arena, index, timers, live, composite } = self;
         let hash = hash(key);
         match index.find_mut(hash, |s| entry_key(arena, s.at) == key.as_bytes()) {
             Some(slot) => {
@@ -265,10 +248,8 @@ impl Overlay {
             }
             None => {
                 index.insert_unique(hash, Slot { hash, at }, |s| s.hash);
-                if key.as_bytes().contains(&0)
-                    && let Some(group) = crate::state_keys::scan_group(key)
-                {
-                    *composite_bytes += insert_composite(composite, arena, group, key, at);
+                if key.as_bytes().contains(&0) {
+                    composite.insert_new(key.as_bytes(), at, |at| entry_key(arena, at));
                 }
             }
         }
@@ -297,17 +278,13 @@ impl Overlay {
             let i = moved.binary_search_by_key(&old, |m| m.0).ok()?;
             Some(moved[i].1)
         });
-        // A small group's offsets may be of entries a later one replaced: each now
+        // A composite key's offset may be of an entry a later one replaced: each now
         // points at its key's live entry.
-        for group in composite.iter_mut() {
-            if let CompositeKeys::Few(offsets) = &mut group.keys {
-                for at in offsets {
-                    let key = read_entry(arena, *at).key;
-                    let slot = index.find(hash(key), |s| entry_key(&kept, s.at) == key.as_bytes());
-                    *at = slot.expect("a composite key is held").at;
-                }
-            }
-        }
+        composite.remap(|at| {
+            let key = read_entry(arena, at).key;
+            let slot = index.find(hash(key), |s| entry_key(&kept, s.at) == key.as_bytes());
+            slot.expect("a composite key is held").at
+        });
         *arena = kept;
     }
 
@@ -345,25 +322,14 @@ impl Overlay {
     /// (`state_keys::scan_group`: the keys of one group key, or the expiry index), in key
     /// order, with their encoded records (`None`: deleted). No 0.2 range leaves the
     /// scan group it starts in; a `start` in none finds nothing.
-    pub fn range_from<'s>(&'s self, start: &str) -> impl Iterator<Item = (&'s str, Option<&'s [u8]>)> + use<'s> {
+    pub fn range_from<'s>(&'s self, start: &'s str) -> impl Iterator<Item = (&'s str, Option<&'s [u8]>)> + 's {
         let arena = &self.arena[..];
-        let group = crate::state_keys::scan_group(start).and_then(|g| find_composite(&self.composite, arena, g));
-        let (few, many) = match group.map(|g| &g.keys) {
-            Some(CompositeKeys::Few(offsets)) => {
-                let from = offsets.partition_point(|&at| entry_key(arena, at) < start.as_bytes());
-                (Some(offsets[from..].iter()), None)
-            }
-            Some(CompositeKeys::Many(keys)) => {
-                (None, Some(keys.range::<str, _>((std::ops::Bound::Included(start), std::ops::Bound::Unbounded))))
-            }
-            None => (None, None),
-        };
+        let offsets = self.composite.range_from(start.as_bytes(), |at| entry_key(arena, at));
         // An entry not replaced is its key's latest: its record needs no lookup.
-        let few = few.into_iter().flatten().map(move |&at| read_entry(arena, at)).filter_map(|entry| {
+        offsets.map(|at| read_entry(arena, at)).filter_map(|entry| {
             let record = if entry.replaced { self.get(entry.key)? } else { entry.record };
             Some((entry.key, record))
-        });
-        few.chain(many.into_iter().flatten().filter_map(|key| Some((&**key, self.get(key)?))))
+        })
     }
 
     /// Its deadlines below `threshold` (all for `None`), in (deadline, key) order.
@@ -382,7 +348,10 @@ impl Overlay {
 
     /// About how much memory it takes.
     pub fn bytes(&self) -> u64 {
-        self.arena.len() as u64 + self.index.capacity() as u64 * SLOT_BYTES + self.timers.bytes() + self.composite_bytes
+        self.arena.len() as u64
+            + self.index.capacity() as u64 * SLOT_BYTES
+            + self.timers.bytes()
+            + self.composite.bytes()
     }
 
     /// Checks that each key has one entry, its records are not empty and decode, and
@@ -437,107 +406,19 @@ impl Overlay {
     /// Checks that the composite keys are those of the held keys holding a `\0`, each
     /// once, in its scan group, in order.
     fn check_composite(&self) -> Result<(), String> {
-        let mut grouped = 0;
-        for group in &self.composite {
-            let keys: Vec<&str> = match &group.keys {
-                CompositeKeys::Few(offsets) => offsets.iter().map(|&at| read_entry(&self.arena, at).key).collect(),
-                CompositeKeys::Many(keys) => keys.iter().map(|k| &**k).collect(),
-            };
-            let first = group.first(&self.arena);
-            let prefix = crate::state_keys::scan_group(first);
-            if prefix.map(hash) != Some(group.hash) {
-                return Err(format!("the composite group of {first:?} is not where its hash says"));
-            }
-            for pair in keys.windows(2) {
-                if pair[0] >= pair[1] {
-                    return Err(format!("composite keys {:?} and {:?} out of order", pair[0], pair[1]));
-                }
-            }
-            for key in &keys {
-                if crate::state_keys::scan_group(key) != prefix || self.get(key).is_none() {
-                    return Err(format!("composite key {key:?} is not held, or not in its group"));
-                }
-            }
-            grouped += keys.len();
-        }
-        let held = self.index.iter().filter(|s| read_entry(&self.arena, s.at).key.contains('\0')).count();
+        let arena = &self.arena[..];
+        let grouped = self.composite.check(
+            |at| entry_key(arena, at),
+            |key, _| match std::str::from_utf8(key).ok().filter(|key| self.get(key).is_some()) {
+                Some(_) => Ok(()),
+                None => Err(format!("composite key {:?} is not held", String::from_utf8_lossy(key))),
+            },
+        )?;
+        let held = self.index.iter().filter(|s| read_entry(arena, s.at).key.contains('\0')).count();
         if grouped != held {
             return Err(format!("{grouped} composite keys are grouped, {held} are held"));
         }
         Ok(())
-    }
-}
-
-/// The composite keys of one scan group (see [`Overlay::range_from`]), in key order.
-#[derive(Debug, Clone)]
-struct CompositeGroup {
-    /// The hash of the group's prefix ([`hash`]).
-    hash: u64,
-    keys: CompositeKeys,
-}
-
-#[derive(Debug, Clone)]
-enum CompositeKeys {
-    /// Most groups (a group key's variables and timers) hold a few keys: for each, the
-    /// offset of one of its entries in the arena (the first the overlay took: a later
-    /// change of the key leaves its bytes there, and compaction points it at the
-    /// key's live entry), sorted by key. A key held once, in the arena.
-    Few(Vec<usize>),
-    Many(BTreeSet<Box<str>>),
-}
-
-impl CompositeGroup {
-    /// A key of the group (it is never empty).
-    fn first<'a>(&'a self, arena: &'a [u8]) -> &'a str {
-        match &self.keys {
-            CompositeKeys::Few(offsets) => read_entry(arena, offsets[0]).key,
-            CompositeKeys::Many(keys) => keys.first().expect("a group is never empty"),
-        }
-    }
-}
-
-/// Whether a group of composite keys is the scan group `group`: what the table's
-/// lookups compare.
-fn is_group<'a>(arena: &'a [u8], group: &'a str) -> impl Fn(&CompositeGroup) -> bool + 'a {
-    move |g| crate::state_keys::scan_group(g.first(arena)) == Some(group)
-}
-
-/// The group of composite keys whose scan group is `group`.
-fn find_composite<'t>(table: &'t HashTable<CompositeGroup>, arena: &[u8], group: &str) -> Option<&'t CompositeGroup> {
-    table.find(hash(group), is_group(arena, group))
-}
-
-/// Adds `key`, new to the overlay, whose entry is at `at`, to its scan `group`;
-/// returns what it is charged (see [`Overlay::bytes`]).
-fn insert_composite(table: &mut HashTable<CompositeGroup>, arena: &[u8], group: &str, key: &str, at: usize) -> u64 {
-    let hash = hash(group);
-    let Some(found) = table.find_mut(hash, is_group(arena, group)) else {
-        // Room for a few: a group key's entries come in together (a 0.2 call's value
-        // and timers), and growing from one showed in profiles.
-        let mut offsets = Vec::with_capacity(COMPOSITE_FEW_RESERVED);
-        offsets.push(at);
-        table.insert_unique(hash, CompositeGroup { hash, keys: CompositeKeys::Few(offsets) }, |g| g.hash);
-        return COMPOSITE_GROUP_BYTES + COMPOSITE_OFFSET_BYTES;
-    };
-    match &mut found.keys {
-        CompositeKeys::Few(offsets) if offsets.len() < COMPOSITE_FEW_MAX => {
-            let i = offsets.partition_point(|&o| entry_key(arena, o) < key.as_bytes());
-            offsets.insert(i, at);
-            COMPOSITE_OFFSET_BYTES
-        }
-        CompositeKeys::Few(offsets) => {
-            let mut keys: BTreeSet<Box<str>> = offsets.iter().map(|&o| read_entry(arena, o).key.into()).collect();
-            keys.insert(key.into());
-            // Each key is charged as a large group's, less what its offset was.
-            let charged: u64 = keys.iter().map(|k| k.len() as u64 + COMPOSITE_KEY_BYTES).sum();
-            let was = offsets.len() as u64 * COMPOSITE_OFFSET_BYTES;
-            found.keys = CompositeKeys::Many(keys);
-            charged.saturating_sub(was)
-        }
-        CompositeKeys::Many(keys) => {
-            keys.insert(key.into());
-            key.len() as u64 + COMPOSITE_KEY_BYTES
-        }
     }
 }
 
@@ -677,7 +558,7 @@ mod tests {
         let mut arena_max = 0;
         for i in 0..200_000 {
             let key = match next(4) {
-                // 0.2 keys: groups of a few keys, groups past `COMPOSITE_FEW_MAX`, and
+                // 0.2 keys: groups of a few keys, groups past `scan_groups`' few (32), and
                 // the expiry index's one scan group.
                 0 if next(2) == 0 => format!("g{}\0v{}", next(200), next(4)),
                 0 => format!("big{}\0v{}", next(3), next(48)),

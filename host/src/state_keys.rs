@@ -185,11 +185,17 @@ fn clock_tag(event_time: bool) -> char {
 /// expired part of the expiry index) never leave it, so the overlay orders its
 /// composite keys within each such part only (`Overlay::range_from`).
 pub fn scan_group(key: &str) -> Option<&str> {
-    if key.starts_with(EXPIRY_INDEX) {
+    // It ends at an ASCII byte: a char boundary.
+    scan_group_bytes(key.as_bytes()).map(|group| &key[..group.len()])
+}
+
+/// [`scan_group`] of a key's bytes.
+pub fn scan_group_bytes(key: &[u8]) -> Option<&[u8]> {
+    if key.starts_with(EXPIRY_INDEX.as_bytes()) {
         return Some(&key[..EXPIRY_INDEX.len()]);
     }
     // A byte search: `str::find` of a char cost a tenth of an overlay append.
-    memchr::memchr(SEP as u8, key.as_bytes()).map(|sep| &key[..=sep])
+    memchr::memchr(SEP as u8, key).map(|sep| &key[..=sep])
 }
 
 /// The expiry index key of `entry_key` expiring at `expiry_ms` on its clock.
