@@ -404,12 +404,18 @@ impl StoreReader {
     /// `prefix` on (`prefix` must hold a `\0`, as the keys of 0.2 state do).
     pub fn scan_prefix(&self, prefix: &str, limit: usize) -> Result<Vec<(String, KeyRecord)>> {
         debug_assert!(prefix.contains('\0'), "a prefix scan of keys the overlay does not order");
-        if let Some(entries) = self.read_ahead_for(prefix) {
-            let first = entries.partition_point(|(k, _)| k.as_str() < prefix);
-            let within = entries[first..].iter().take_while(|(k, _)| k.starts_with(prefix));
-            return Ok(within.take(limit.saturating_add(1)).cloned().collect());
+        if let Some(entries) = self.read_ahead_under(prefix) {
+            return Ok(entries.take(limit.saturating_add(1)).cloned().collect());
         }
         self.scan(prefix, |k| k.starts_with(prefix), limit)
+    }
+
+    /// The committed entries that start with `prefix`, in key order, when they were
+    /// read ahead.
+    fn read_ahead_under<'a>(&'a self, prefix: &'a str) -> Option<impl Iterator<Item = &'a (String, KeyRecord)> + 'a> {
+        let entries = self.read_ahead_for(prefix)?;
+        let first = entries.partition_point(|(k, _)| k.as_str() < prefix);
+        Some(entries[first..].iter().take_while(move |(k, _)| k.starts_with(prefix)))
     }
 
     /// The committed keys that start with `prefix` (which holds a `\0`), in key order,
@@ -417,9 +423,7 @@ impl StoreReader {
     /// not. Nothing is copied, as a count needs: [`StoreReader::scan_prefix`] gives
     /// the records.
     pub fn keys_with_prefix<'a>(&'a self, prefix: &'a str) -> Option<impl Iterator<Item = &'a str> + 'a> {
-        let ahead = self.read_ahead_for(prefix)?;
-        let first = ahead.partition_point(|(k, _)| k.as_str() < prefix);
-        Some(ahead[first..].iter().map(|(k, _)| k.as_str()).take_while(move |k| k.starts_with(prefix)))
+        Some(self.read_ahead_under(prefix)?.map(|(k, _)| k.as_str()))
     }
 
     /// The committed records of the keys in `[start, end)`, in key order: at most
