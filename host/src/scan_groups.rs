@@ -34,9 +34,9 @@ const FEW_KEY_BYTES: u64 = 16;
 /// What a key of a large group is charged beyond its bytes (its box, its position and
 /// its share of the B-tree's nodes): an estimate.
 const MANY_KEY_BYTES: u64 = 56;
-/// What a group is charged beyond its keys: its slot in the hash table (48 bytes and a
-/// control byte, in a table at most seven eighths full) and its vector's allocation,
-/// an estimate.
+/// What a group is charged beyond its keys: its slot in the hash table and a control
+/// byte, in a table at most seven eighths full, and its vector's allocation: an
+/// estimate.
 const GROUP_BYTES: u64 = 112;
 
 /// Keys by scan group (see the module doc), each at a position `P` of its owner's.
