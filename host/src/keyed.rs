@@ -1160,6 +1160,18 @@ mod tests {
         }
     }
 
+    /// The context of a call in batch 1 at time 0, with the default limits.
+    fn context() -> CallContext {
+        let plan = crate::records::BatchPlan {
+            batch_id: 1,
+            start_offset: 0,
+            end_offset: 0,
+            processing_time_ms: 0,
+            watermark_ms: 0,
+        };
+        CallContext::new(TimeoutKind::ProcessingTime, &plan, 1, &Limits::default())
+    }
+
     /// A call reading one large entry again and again keeps a bounded copy of what it
     /// read, and its change still carries the committed record before it.
     #[test]
@@ -1171,15 +1183,7 @@ mod tests {
             KeyRecord { value: Some(pack_entry(None, &vec![7; 40 << 10])), timeout_ms: None, schema_version: 1 };
         let change = KeyChange { key: key.clone(), before: None, after: Some(large.clone()) };
         store.commit(&[change], &crate::records::Checkpoint::default(), false).unwrap();
-        let limits = Limits::default();
-        let plan = crate::records::BatchPlan {
-            batch_id: 1,
-            start_offset: 0,
-            end_offset: 0,
-            processing_time_ms: 0,
-            watermark_ms: 0,
-        };
-        let ctx = CallContext::new(TimeoutKind::ProcessingTime, &plan, 1, &limits);
+        let ctx = context();
         let variables = std::sync::Arc::new(vec![Variable {
             name: "v".into(),
             kind: VariableKind::Value,
@@ -1237,14 +1241,6 @@ mod tests {
                     store.flush().unwrap();
                 }
             }
-            let limits = Limits::default();
-            let plan = crate::records::BatchPlan {
-                batch_id: 1,
-                start_offset: 0,
-                end_offset: 0,
-                processing_time_ms: 0,
-                watermark_ms: 0,
-            };
             let mut reader = store.reader().unwrap();
             let prefixes: Vec<String> = groups.iter().map(|g| sk::group_prefix(g)).collect();
             if read_ahead {
@@ -1257,8 +1253,7 @@ mod tests {
             // Three calls of each key in one batch: each sees the earlier ones' timers.
             for round in 0..9 {
                 let g = round % groups.len();
-                let ctx = CallContext::new(TimeoutKind::ProcessingTime, &plan, 1, &limits);
-                let mut call = KeyCall::new(groups[g], ctx, view, std::sync::Arc::new(Vec::new()), 0);
+                let mut call = KeyCall::new(groups[g], context(), view, std::sync::Arc::new(Vec::new()), 0);
                 let prefix = sk::timer_prefix(groups[g]);
                 for _ in 0..6 {
                     let expiry = rng.range(1, EXPIRIES + 1);
