@@ -767,8 +767,8 @@ impl Store {
     }
 
     /// The world file: what the dir's state is, written beside sled's files (not into
-    /// sled, which is written only by folds: a sled flush on a new dir that a kill
-    /// cut short could leave sled unopenable).
+    /// sled, which a dir's state reaches only through folds: a sled flush on a new dir
+    /// that a kill cut short could leave sled unopenable).
     fn world(&self) -> Result<World> {
         let path = self.folder.dir.join(WORLD_FILE);
         let bytes = match std::fs::read(&path) {
