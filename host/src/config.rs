@@ -332,7 +332,8 @@ pub struct PipelineConfig {
     /// running empty batches every `trigger_interval_ms`.
     #[serde(default)]
     pub follow: bool,
-    /// Interval of empty batches when following (default 1000 ms).
+    /// Time between empty batches while the input is quiet (stdin, or a file with
+    /// `--follow`), and between checks of a watched plugin file (default 1000 ms).
     #[serde(default = "default_trigger_interval")]
     pub trigger_interval_ms: u64,
     /// Stop after this many batches (for tests and partial runs).

@@ -171,7 +171,7 @@ struct RunArgs {
     /// Distinct keys per micro-batch at most [default: 50000].
     #[arg(long)]
     batch_keys: Option<usize>,
-    /// Memory for committed state changes not yet written into sled [default: 16777216].
+    /// Memory for committed state changes not yet written into sled [default: 25165824].
     #[arg(long)]
     store_buffer: Option<u64>,
     /// On a failed plugin call: fail, skip or dead-letter [default: fail].
@@ -188,7 +188,8 @@ struct RunArgs {
     /// Keep reading after the end of the input; run empty batches on a timer.
     #[arg(long)]
     follow: bool,
-    /// Interval of empty batches with --follow [default: 1000].
+    /// Time between empty batches while the input is quiet (with --follow or stdin), and
+    /// between checks of a --watch'ed plugin file [default: 1000].
     #[arg(long)]
     trigger_interval_ms: Option<u64>,
     /// Stop after this many batches.
