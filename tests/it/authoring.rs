@@ -2,7 +2,8 @@
 //! temporary folder outside the repository, its `build.sh`, then `groupstate test` on
 //! its scenarios (which must pass, and fail with a diff on a wrong expectation); the
 //! commands of each "Write a plugin" guide (`docs/write-a-plugin-*.md`), run as written;
-//! and the SDKs' copies of the WIT, which must be the contract itself.
+//! the Rust guide's 0.2 example with its test; and the SDKs' copies of the WIT, which
+//! must be the contract itself.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -198,6 +199,56 @@ fn authoring_js_guide() {
 #[test]
 fn authoring_c_guide() {
     run_guide("c");
+}
+
+/// The first ```rust block of a Markdown file after the line `heading`.
+fn rust_block_after(markdown: &str, heading: &str) -> String {
+    let after = markdown.lines().skip_while(|line| line.trim_end() != heading).skip(1);
+    let block: Vec<&str> = after
+        .skip_while(|line| line.trim_end() != "```rust")
+        .skip(1)
+        .take_while(|line| line.trim_end() != "```")
+        .collect();
+    assert!(!block.is_empty(), "no ```rust block after {heading:?}");
+    block.join("\n") + "\n"
+}
+
+/// The Rust guide's 0.2 example, as a reader would use it: its plugin and its native
+/// test in a project of `groupstate new`, with the `serde_json` the guide says to add;
+/// the test must pass, the plugin build as a component and run over a few events.
+#[test]
+fn authoring_rust_guide_0_2_example_builds_and_its_test_passes() {
+    let guide = checkout().join("docs/write-a-plugin-rust.md");
+    let markdown = std::fs::read_to_string(&guide).unwrap_or_else(|e| panic!("{}: {e}", guide.display()));
+    let plugin = rust_block_after(&markdown, "## The 0.2 state API");
+    let test = rust_block_after(&markdown, "### Testing a 0.2 plugin natively");
+    assert!(plugin.contains("export_keyed_plugin!(Visits)"), "the guide's 0.2 plugin moved:\n{plugin}");
+    assert!(test.contains("KeyedDriver::<Visits>"), "the guide's 0.2 test moved:\n{test}");
+    let dir = tempfile::tempdir().expect("temp dir");
+    assert_success(&bash(dir.path(), "groupstate new visits --lang rust"), "groupstate new visits");
+    let project = dir.path().join("visits");
+    let lib = format!("{plugin}\n#[cfg(test)]\nmod guide {{\nuse super::*;\n{test}}}\n");
+    std::fs::write(project.join("src/lib.rs"), lib).expect("write src/lib.rs");
+    let manifest = std::fs::read_to_string(project.join("Cargo.toml")).expect("Cargo.toml");
+    let with_json = manifest.replacen("[dependencies]\n", "[dependencies]\nserde_json = \"1\"\n", 1);
+    assert_ne!(with_json, manifest, "the project's Cargo.toml has no [dependencies]");
+    std::fs::write(project.join("Cargo.toml"), with_json).expect("write Cargo.toml");
+    let script = r#"set -euo pipefail
+export XDG_CACHE_HOME="$PWD/../cache"
+cargo test --quiet 2>&1
+./build.sh
+printf '%s\n' '{"user":"u1","ts":1000,"page":"/a"}' '{"user":"u1","ts":2000,"page":"/b"}' > views.jsonl
+groupstate run --plugin visits.wasm --input views.jsonl --output out.jsonl --state-dir state \
+  --key-field user --time-field ts --timeout event-time
+cat out.jsonl"#;
+    let output = bash(&project, script);
+    assert_success(&output, "the Rust guide's 0.2 example");
+    let stdout = text(&output.stdout);
+    assert!(stdout.contains("test result: ok. 1 passed"), "the guide's test did not run and pass:\n{stdout}");
+    let out = std::fs::read_to_string(project.join("out.jsonl")).expect("out.jsonl");
+    let totals: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    // One batch, one call for u1 with both views: its total after them.
+    assert_eq!(totals, [serde_json::json!({"user": "u1", "total": 2})], "{out}");
 }
 
 /// The README links every guide.
