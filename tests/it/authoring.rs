@@ -147,11 +147,17 @@ fn authoring_c_new_build_test() {
 
 /// The ```sh blocks of a Markdown file, in order.
 fn sh_blocks(markdown: &str) -> Vec<String> {
+    fenced_blocks(markdown, "sh")
+}
+
+/// The code blocks of a Markdown file fenced as ```language, in order.
+fn fenced_blocks(markdown: &str, language: &str) -> Vec<String> {
+    let opening = format!("```{language}");
     let mut blocks = Vec::new();
     let mut current: Option<String> = None;
     for line in markdown.lines() {
         match current.as_mut() {
-            None if line.trim_end() == "```sh" => current = Some(String::new()),
+            None if line.trim_end() == opening => current = Some(String::new()),
             None => {}
             Some(_) if line.trim_end() == "```" => blocks.extend(current.take()),
             Some(block) => {
@@ -160,7 +166,7 @@ fn sh_blocks(markdown: &str) -> Vec<String> {
             }
         }
     }
-    assert!(current.is_none(), "an unclosed ```sh block");
+    assert!(current.is_none(), "an unclosed {opening} block");
     blocks
 }
 
@@ -203,14 +209,9 @@ fn authoring_c_guide() {
 
 /// The first ```rust block of a Markdown file after the line `heading`.
 fn rust_block_after(markdown: &str, heading: &str) -> String {
-    let after = markdown.lines().skip_while(|line| line.trim_end() != heading).skip(1);
-    let block: Vec<&str> = after
-        .skip_while(|line| line.trim_end() != "```rust")
-        .skip(1)
-        .take_while(|line| line.trim_end() != "```")
-        .collect();
-    assert!(!block.is_empty(), "no ```rust block after {heading:?}");
-    block.join("\n") + "\n"
+    let after: Vec<&str> = markdown.lines().skip_while(|line| line.trim_end() != heading).skip(1).collect();
+    let block = fenced_blocks(&after.join("\n"), "rust").into_iter().next();
+    block.filter(|b| !b.is_empty()).unwrap_or_else(|| panic!("no ```rust block after {heading:?}"))
 }
 
 /// The Rust guide's 0.2 example, as a reader would use it: its plugin and its native
