@@ -17,6 +17,7 @@ mod function;
 mod groups;
 mod hot_swap;
 pub mod kafka;
+mod key_index;
 mod key_order;
 pub mod keyed;
 pub mod metrics;

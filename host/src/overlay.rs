@@ -7,10 +7,10 @@
 //! the store folds when the keys are many: a fold rewrites every page that holds one
 //! of its keys. So it is kept compact. Each change is appended to one arena as the
 //! bytes a page holds (the key and the `codec` encoding of its record), a hash table
-//! of arena offsets finds a key's latest entry, and the timers point at entries: for
-//! 300 000 keys of the sensor workload, 105 bytes a key as [`Overlay::bytes`] counts
-//! them (64 of arena, 26 of hash table, 16 of timer), where a map of strings to
-//! records took about 250. An arena more than half garbage (entries replaced by a
+//! of arena offsets (`key_index.rs`) finds a key's latest entry, and the timers point
+//! at entries: for 300 000 keys of the sensor workload, about 108 bytes a key as
+//! [`Overlay::bytes`] counts them (64 of arena, 28 of hash table, 16 of timer), where a
+//! map of strings to records took about 250. An arena more than half garbage (entries replaced by a
 //! later change of their key) is compacted.
 //!
 //! The timers are appended to buckets of nearby deadlines, never removed: a timer
@@ -27,9 +27,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::BuildHasher;
 
-use hashbrown::HashTable;
-
 use crate::codec;
+use crate::key_index::{self, KeyIndex};
 use crate::records::KeyRecord;
 use crate::scan_groups::ScanGroups;
 
@@ -52,8 +51,8 @@ const TIMER_BYTES: u64 = 16;
 const BUCKET_BYTES: u64 = 64;
 /// A bucket holds the deadlines of 2^16 ms (about a minute).
 const BUCKET_SHIFT: u32 = 16;
-/// What a hash table slot takes: a [`Slot`] and a control byte.
-const SLOT_BYTES: u64 = 17;
+/// How many keys ahead [`Overlay::prefetch_ahead`] asks for a key's slot.
+const PREFETCH_AHEAD: usize = 16;
 /// An arena is not compacted below this size.
 const COMPACT_MIN_BYTES: usize = 1 << 20;
 
@@ -155,22 +154,13 @@ impl<'o> SortedEntries<'o> {
     }
 }
 
-/// A key's slot in the hash table: its latest entry's offset, and its hash, so that
-/// growing the table does not read every key back from the arena (a cache miss each:
-/// 2% of a batch loop's time at a million keys).
-#[derive(Debug, Clone, Copy)]
-struct Slot {
-    hash: u64,
-    at: usize,
-}
-
 /// Committed changes not yet folded into sled.
 #[derive(Default, Clone)]
 pub(crate) struct Overlay {
     /// The entries, in the order they were applied.
     arena: Vec<u8>,
     /// The offset of each changed key's latest entry.
-    index: HashTable<Slot>,
+    index: KeyIndex,
     /// The deadlines of the entries, with their offsets (see [`Timers`]).
     timers: Timers,
     /// The bytes of the latest entries (the rest of the arena is garbage).
@@ -238,16 +228,22 @@ impl Overlay {
             self.arena[at + 2..at + 6].copy_from_slice(&record_len.to_le_bytes());
         }
         let Self { arena, index, timers, live, composite } = self;
-        let hash = hash(key);
-        match index.find_mut(hash, |s| entry_key(arena, s.at) == key.as_bytes()) {
-            Some(slot) => {
+        let key_hash = hash(key);
+        match index.find(key_hash, |at| entry_key(arena, at) == key.as_bytes()) {
+            Some(position) => {
+                let replaced = index.offset_at(position);
                 // Its timer, if any, is dead from now on.
-                *live -= read_entry(arena, slot.at).len;
-                arena[slot.at + FLAGS_AT] |= REPLACED;
-                slot.at = at;
+                *live -= read_entry(arena, replaced).len;
+                arena[replaced + FLAGS_AT] |= REPLACED;
+                index.set_offset(position, at);
             }
             None => {
-                index.insert_unique(hash, Slot { hash, at }, |s| s.hash);
+                if index.is_full() {
+                    // The live entries, read in the arena's order, include this one.
+                    index.rebuild(index.len() + 1, live_entries(arena).map(|(at, e)| (hash(e.key), at)));
+                } else {
+                    index.insert_new(key_hash, at);
+                }
                 if key.as_bytes().contains(&0) {
                     composite.insert_new(key.as_bytes(), at, |at| entry_key(arena, at));
                 }
@@ -269,11 +265,10 @@ impl Overlay {
         // (old offset, new offset), in the order of both.
         let mut moved: Vec<(usize, usize)> = Vec::with_capacity(index.len());
         for (at, entry) in live_entries(arena) {
-            let slot = index.find_mut(hash(entry.key), |s| s.at == at).expect("a live entry has its slot");
-            slot.at = kept.len();
             moved.push((at, kept.len()));
             kept.extend_from_slice(&arena[at..at + entry.len]);
         }
+        index.rebuild(index.len(), live_entries(&kept).map(|(at, e)| (hash(e.key), at)));
         timers.retain_map(|old| {
             let i = moved.binary_search_by_key(&old, |m| m.0).ok()?;
             Some(moved[i].1)
@@ -282,8 +277,8 @@ impl Overlay {
         // points at its key's live entry.
         composite.remap(|at| {
             let key = read_entry(arena, at).key;
-            let slot = index.find(hash(key), |s| entry_key(&kept, s.at) == key.as_bytes());
-            slot.expect("a composite key is held").at
+            let position = index.find(hash(key), |at| entry_key(&kept, at) == key.as_bytes());
+            index.offset_at(position.expect("a composite key is held"))
         });
         *arena = kept;
     }
@@ -297,8 +292,27 @@ impl Overlay {
     /// [`Overlay::get`] for a key whose [`hash`] is known: a read that looks in two
     /// overlays hashes the key once.
     pub fn get_hashed(&self, key: &str, hash: u64) -> Option<Option<&[u8]>> {
-        let slot = self.index.find(hash, |s| entry_key(&self.arena, s.at) == key.as_bytes())?;
-        Some(read_entry(&self.arena, slot.at).record)
+        let position = self.index.find(hash, |at| entry_key(&self.arena, at) == key.as_bytes())?;
+        Some(read_entry(&self.arena, self.index.offset_at(position)).record)
+    }
+
+    /// For a caller looking up or changing the keys of `hashes` in order, at the
+    /// `i`th: asks the CPU for the slot that the lookup of a key [`PREFETCH_AHEAD`]
+    /// places later reads first, and for the entry that the lookup of a key half as far
+    /// will most likely compare (its slot, asked for earlier, should be in the cache by
+    /// now). At a million keys, a lookup not asked for ahead waited on memory twice.
+    pub fn prefetch_ahead(&self, hashes: &[u64], i: usize) {
+        if let Some(&far) = hashes.get(i + PREFETCH_AHEAD) {
+            self.index.prefetch(far);
+        }
+        let near = hashes.get(i + PREFETCH_AHEAD / 2).and_then(|&near| self.index.first_candidate(near));
+        if let Some(at) = near {
+            // The header and key, and the record after them.
+            key_index::prefetch(&self.arena[at]);
+            if let Some(byte) = self.arena.get(at + 63) {
+                key_index::prefetch(byte);
+            }
+        }
     }
 
     /// Whether the overlay holds `key` (its record replaces sled's).
@@ -349,7 +363,7 @@ impl Overlay {
     /// About how much memory it takes.
     pub fn bytes(&self) -> u64 {
         self.arena.len() as u64
-            + self.index.capacity() as u64 * SLOT_BYTES
+            + self.index.slots() as u64 * key_index::SLOT_BYTES
             + self.timers.bytes()
             + self.composite.bytes()
     }
@@ -358,9 +372,9 @@ impl Overlay {
     /// its deadlines are those of its records.
     pub fn check(&self) -> Result<(), String> {
         let (mut want, mut live) = (BTreeSet::new(), 0);
-        for &Slot { hash, at } in &self.index {
+        for at in self.index.offsets() {
             let entry = read_entry(&self.arena, at);
-            if hash != self::hash(entry.key) || self.index.find(hash, |s| s.at == at).is_none() {
+            if self.index.find(hash(entry.key), |a| a == at).is_none() {
                 return Err(format!("key {:?} is not where its hash says", entry.key));
             }
             if entry.replaced {
@@ -414,7 +428,7 @@ impl Overlay {
                 None => Err(format!("composite key {:?} is not held", String::from_utf8_lossy(key))),
             },
         )?;
-        let held = self.index.iter().filter(|s| read_entry(arena, s.at).key.contains('\0')).count();
+        let held = self.index.offsets().filter(|&at| read_entry(arena, at).key.contains('\0')).count();
         if grouped != held {
             return Err(format!("{grouped} composite keys are grouped, {held} are held"));
         }

@@ -849,8 +849,13 @@ impl Store {
         out.resize(base + keys.len(), None);
         let out = &mut out[base..];
         let mut stored: Vec<usize> = Vec::with_capacity(keys.len());
+        let hashes: Vec<u64> = keys.iter().map(|key| crate::overlay::hash(key)).collect();
         for (i, key) in keys.iter().enumerate() {
-            match self.buffered_record(key) {
+            self.overlay.prefetch_ahead(&hashes, i);
+            if let Some(folding) = &self.folding {
+                folding.prefetch_ahead(&hashes, i);
+            }
+            match self.buffered_record_hashed(key, hashes[i]) {
                 Some(record) => out[i] = record.map(|bytes| codec::decode("overlay record", bytes)).transpose()?,
                 None => stored.push(i),
             }
@@ -949,7 +954,9 @@ impl Store {
         let overlay = Arc::make_mut(&mut self.overlay);
         let (log, encoded, seq) = (&mut self.log, &self.encoded, self.seq + 1);
         let apply = |overlay: &mut Overlay| {
-            for (encoded, change) in encoded.changes(changes).zip(changes) {
+            let hashes: Vec<u64> = changes.iter().map(|change| crate::overlay::hash(&change.key)).collect();
+            for (i, (encoded, change)) in encoded.changes(changes).zip(changes).enumerate() {
+                overlay.prefetch_ahead(&hashes, i);
                 overlay.apply_encoded(encoded.key, encoded.record, change.after.as_ref().and_then(|r| r.timeout_ms));
             }
         };
@@ -1166,10 +1173,9 @@ impl Store {
         self.overlay.holds(key) || self.folding.as_ref().is_some_and(|f| f.holds(key))
     }
 
-    /// The committed record of `key` if one of the overlays has it (see
-    /// [`Overlay::get`]).
-    fn buffered_record(&self, key: &str) -> Option<Option<&[u8]>> {
-        let hash = crate::overlay::hash(key);
+    /// The committed record of the key if one of the overlays has it (see
+    /// [`Overlay::get`]), given its [`crate::overlay::hash`].
+    fn buffered_record_hashed(&self, key: &str, hash: u64) -> Option<Option<&[u8]>> {
         self.overlay.get_hashed(key, hash).or_else(|| self.folding.as_ref()?.get_hashed(key, hash))
     }
 
