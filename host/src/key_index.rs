@@ -128,7 +128,7 @@ impl KeyIndex {
     /// Asks the CPU for the first slot a lookup of `hash` reads.
     pub fn prefetch(&self, hash: u64) {
         if !self.slots.is_empty() {
-            prefetch(&self.slots[self.home(hash)]);
+            crate::prefetch::prefetch(&self.slots[self.home(hash)]);
         }
     }
 
@@ -151,20 +151,6 @@ fn packed_offset(at: usize) -> u64 {
     let packed = at as u64 + 1;
     assert!(packed <= OFFSET_MASK, "an overlay's arena is smaller than 2^44 bytes");
     packed
-}
-
-/// Asks the CPU to bring the cache line of `value` into its caches: a hint, which reads
-/// nothing a program sees and cannot fault. A no-op off x86_64.
-pub(crate) fn prefetch<T>(value: &T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `_mm_prefetch` needs SSE, which every x86_64 CPU has; it touches no
-    // memory the program can observe, and the address is a live reference's.
-    #[allow(unsafe_code)]
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(std::ptr::from_ref(value).cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = value;
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ mod page;
 pub mod partitions;
 pub mod pipeline;
 pub mod plugin;
+mod prefetch;
 mod prepare;
 mod records;
 mod redo;

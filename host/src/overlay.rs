@@ -308,9 +308,9 @@ impl Overlay {
         let near = hashes.get(i + PREFETCH_AHEAD / 2).and_then(|&near| self.index.first_candidate(near));
         if let Some(at) = near {
             // The header and key, and the record after them.
-            key_index::prefetch(&self.arena[at]);
+            crate::prefetch::prefetch(&self.arena[at]);
             if let Some(byte) = self.arena.get(at + 63) {
-                key_index::prefetch(byte);
+                crate::prefetch::prefetch(byte);
             }
         }
     }

