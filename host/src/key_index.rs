@@ -59,9 +59,9 @@ impl KeyIndex {
     }
 
     /// Holds exactly `keys` (hash, offset), each once, in a table with room for at
-    /// least `room` keys.
+    /// least `room` keys; it never shrinks (an emptied overlay keeps its table's room).
     pub fn rebuild(&mut self, room: usize, keys: impl IntoIterator<Item = (u64, usize)>) {
-        let slots = (room.max(1) * 4).div_ceil(3).next_power_of_two().max(SLOTS_MIN);
+        let slots = (room.max(1) * 4).div_ceil(3).next_power_of_two().max(SLOTS_MIN).max(self.slots.len());
         if slots == self.slots.len() {
             self.clear();
         } else {
