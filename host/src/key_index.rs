@@ -1,8 +1,8 @@
 //! The overlay's hash table: for each key it holds, the offset of the key's latest entry
-//! in its arena. Open addressing with linear probing, at most three quarters full, one `u64` a
-//! slot: the top [`TAG_BITS`] of the key's hash (a probe compares keys only where the
-//! tag matches) and the offset plus one (0: an empty slot). Keys are never removed, only
-//! all at once ([`KeyIndex::clear`]).
+//! in its arena. Open addressing with linear probing, at most three quarters full, one
+//! `u64` a slot: the top [`TAG_BITS`] of the key's hash (a probe compares keys only
+//! where the tag matches) and the offset plus one (0: an empty slot). Keys are never
+//! removed, only all at once ([`KeyIndex::clear`]).
 //!
 //! Its own rather than hashbrown's so that a caller with many keys to look up can ask
 //! the CPU for the slots, and the entries they point at, of the keys it will look up a
