@@ -202,18 +202,26 @@ impl Overlay {
     /// Applies one committed change.
     pub fn apply(&mut self, key: &str, after: Option<&KeyRecord>) {
         let encode = after.map(|record| |arena: &mut Vec<u8>| codec::encode_into(arena, record));
-        self.append(key, after.and_then(|r| r.timeout_ms), encode);
+        self.append(key, hash(key), after.and_then(|r| r.timeout_ms), encode);
     }
 
     /// Applies one committed change whose record is encoded already (`codec`), with the
-    /// record's deadline.
-    pub fn apply_encoded(&mut self, key: &str, record: Option<&[u8]>, deadline: Option<i64>) {
-        self.append(key, deadline, record.map(|bytes| |arena: &mut Vec<u8>| arena.extend_from_slice(bytes)));
+    /// record's deadline, given the key's [`hash`] (a commit hashed its keys to ask for
+    /// their slots ahead, see [`Overlay::prefetch_ahead`]).
+    pub fn apply_encoded(&mut self, key: &str, key_hash: u64, record: Option<&[u8]>, deadline: Option<i64>) {
+        let write_record = record.map(|bytes| |arena: &mut Vec<u8>| arena.extend_from_slice(bytes));
+        self.append(key, key_hash, deadline, write_record);
     }
 
     /// Appends a change's entry (`write_record` appends the record's encoding, `None`
     /// for a deletion) and makes it its key's latest.
-    fn append(&mut self, key: &str, deadline: Option<i64>, write_record: Option<impl FnOnce(&mut Vec<u8>)>) {
+    fn append(
+        &mut self,
+        key: &str,
+        key_hash: u64,
+        deadline: Option<i64>,
+        write_record: Option<impl FnOnce(&mut Vec<u8>)>,
+    ) {
         let at = self.arena.len();
         let key_len = u16::try_from(key.len()).expect("keys are at most KEY_BYTES_MAX long");
         self.arena.extend_from_slice(&key_len.to_le_bytes());
@@ -228,7 +236,6 @@ impl Overlay {
             self.arena[at + 2..at + 6].copy_from_slice(&record_len.to_le_bytes());
         }
         let Self { arena, index, timers, live, composite } = self;
-        let key_hash = hash(key);
         match index.find(key_hash, |at| entry_key(arena, at) == key.as_bytes()) {
             Some(position) => {
                 let replaced = index.offset_at(position);

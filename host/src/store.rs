@@ -965,7 +965,8 @@ impl Store {
             let hashes: Vec<u64> = changes.iter().map(|change| crate::overlay::hash(&change.key)).collect();
             for (i, (encoded, change)) in encoded.changes(changes).zip(changes).enumerate() {
                 overlay.prefetch_ahead(&hashes, i);
-                overlay.apply_encoded(encoded.key, encoded.record, change.after.as_ref().and_then(|r| r.timeout_ms));
+                let deadline = change.after.as_ref().and_then(|r| r.timeout_ms);
+                overlay.apply_encoded(encoded.key, hashes[i], encoded.record, deadline);
             }
         };
         if durable && changes.len() >= APPLY_WHILE_SYNCING_CHANGES_MIN {
