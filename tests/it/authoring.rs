@@ -117,7 +117,7 @@ fn new_build_test(language: &str) {
 
     // The commands in the project's README work as written.
     let readme = std::fs::read_to_string(project.join("README.md")).expect("README.md");
-    let blocks = sh_blocks(&readme);
+    let blocks = fenced_blocks(&readme, "sh");
     assert!(!blocks.is_empty(), "{language}: the project README has no sh block");
     let script = format!("set -euo pipefail\nexport XDG_CACHE_HOME=\"$PWD/../cache\"\n{}", blocks.concat());
     assert_success(&bash(&project, &script), &format!("{language}: the project README's commands"));
@@ -145,11 +145,6 @@ fn authoring_c_new_build_test() {
     new_build_test("c");
 }
 
-/// The ```sh blocks of a Markdown file, in order.
-fn sh_blocks(markdown: &str) -> Vec<String> {
-    fenced_blocks(markdown, "sh")
-}
-
 /// The code blocks of a Markdown file fenced as ```language, in order.
 fn fenced_blocks(markdown: &str, language: &str) -> Vec<String> {
     let opening = format!("```{language}");
@@ -175,7 +170,7 @@ fn fenced_blocks(markdown: &str, language: &str) -> Vec<String> {
 fn run_guide(language: &str) {
     let guide = checkout().join(format!("docs/write-a-plugin-{language}.md"));
     let markdown = std::fs::read_to_string(&guide).unwrap_or_else(|e| panic!("{}: {e}", guide.display()));
-    let blocks = sh_blocks(&markdown);
+    let blocks = fenced_blocks(&markdown, "sh");
     assert!(blocks.len() >= 5, "{}: expected the create, build, test, run and hot-load steps", guide.display());
     let script =
         format!("set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\nset -x\n{}", blocks.concat());
