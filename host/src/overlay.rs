@@ -29,24 +29,23 @@ use std::hash::BuildHasher;
 
 use crate::codec;
 use crate::key_index::{self, KeyIndex};
-use crate::records::KeyRecord;
+use crate::records::{KeyRecord, KeyRecordRef};
 use crate::scan_groups::ScanGroups;
 
 /// An entry's header: the key's length (u16), the record's length (u32, [`DELETED`]
-/// for a deletion), a byte of flags ([`HAS_DEADLINE`], [`REPLACED`]) and the deadline
-/// (an i64), little endian. The key and the record's encoding follow.
-const HEADER_BYTES: usize = 15;
+/// for a deletion) and a byte of flags ([`REPLACED`]), little endian. The key and the
+/// record's encoding follow. The record's deadline is in its encoding and in its
+/// timer, not here: every byte of an entry is a byte less for keys before a fold.
+const HEADER_BYTES: usize = 7;
 const DELETED: u32 = u32::MAX;
 /// Where the flags are in the header.
 const FLAGS_AT: usize = 6;
-/// The entry sets a deadline.
-const HAS_DEADLINE: u8 = 1;
 /// A later entry of the same key replaced this one: it is garbage. Marked where the
 /// entry lies, so that a pass over the live entries reads the arena in order instead
 /// of following the hash table's offsets all over it.
 const REPLACED: u8 = 2;
 /// What a timer takes in its bucket's vector (dead ones too, until compaction).
-const TIMER_BYTES: u64 = 16;
+const TIMER_BYTES: u64 = 8;
 /// What a bucket of timers is charged beyond its timers: an estimate.
 const BUCKET_BYTES: u64 = 64;
 /// A bucket holds the deadlines of 2^16 ms (about a minute).
@@ -69,7 +68,6 @@ struct Entry<'a> {
     key: &'a str,
     /// The encoded record (`None`: deleted).
     record: Option<&'a [u8]>,
-    deadline: Option<i64>,
     /// Whether a later entry of its key replaced it.
     replaced: bool,
     /// The entry's length in the arena.
@@ -81,18 +79,11 @@ fn read_entry(arena: &[u8], at: usize) -> Entry<'_> {
     let key_len = usize::from(u16::from_le_bytes([head[0], head[1]]));
     let record_len = u32::from_le_bytes([head[2], head[3], head[4], head[5]]);
     let flags = head[FLAGS_AT];
-    let deadline = (flags & HAS_DEADLINE != 0).then(|| i64::from_le_bytes(head[7..15].try_into().expect("8 bytes")));
     let key_at = at + HEADER_BYTES;
     let key = std::str::from_utf8(&arena[key_at..key_at + key_len]).expect("the overlay appends keys as UTF-8");
     let record_at = key_at + key_len;
     let record = (record_len != DELETED).then(|| &arena[record_at..record_at + record_len as usize]);
-    Entry {
-        key,
-        record,
-        deadline,
-        replaced: flags & REPLACED != 0,
-        len: HEADER_BYTES + key_len + record.map_or(0, <[u8]>::len),
-    }
+    Entry { key, record, replaced: flags & REPLACED != 0, len: HEADER_BYTES + key_len + record.map_or(0, <[u8]>::len) }
 }
 
 /// The entries not replaced by a later one of their key (the live ones), with their
@@ -226,8 +217,7 @@ impl Overlay {
         let key_len = u16::try_from(key.len()).expect("keys are at most KEY_BYTES_MAX long");
         self.arena.extend_from_slice(&key_len.to_le_bytes());
         self.arena.extend_from_slice(&DELETED.to_le_bytes());
-        self.arena.push(if deadline.is_some() { HAS_DEADLINE } else { 0 });
-        self.arena.extend_from_slice(&deadline.unwrap_or(0).to_le_bytes());
+        self.arena.push(0);
         self.arena.extend_from_slice(key.as_bytes());
         if let Some(write_record) = write_record {
             let record_at = self.arena.len();
@@ -392,19 +382,18 @@ impl Overlay {
                 if record.is_empty() {
                     return Err(format!("empty record for key {:?} in the overlay", entry.key));
                 }
-                if record.timeout_ms != entry.deadline {
-                    return Err(format!("the overlay's deadline of key {:?} is not its record's", entry.key));
+                if let Some(deadline) = record.timeout_ms {
+                    want.insert((deadline, at));
                 }
-            }
-            if let Some(deadline) = entry.deadline {
-                want.insert((deadline, at));
             }
             live += entry.len;
         }
         let mut timers = BTreeSet::new();
         for (deadline, at) in self.timers.below(None) {
             let entry = read_entry(&self.arena, at);
-            if entry.deadline != Some(deadline) {
+            let record = entry.record.map(|bytes| codec::borrow_decode::<KeyRecordRef<'_>>("overlay record", bytes));
+            let record = record.transpose().map_err(|e| e.to_string())?;
+            if record.and_then(|r| r.timeout_ms) != Some(deadline) {
                 return Err(format!("a timer of key {:?} is not its entry's deadline", entry.key));
             }
             if !entry.replaced && !timers.insert((deadline, at)) {
@@ -446,16 +435,34 @@ impl Overlay {
 /// The timers of an overlay: (deadline, entry offset) pairs, appended to the bucket of
 /// their deadline, in the order applied. A timer is never removed here: the overlay
 /// knows one whose entry was replaced is dead, and compaction drops it.
+///
+/// A timer is one u64: the entry's offset above the deadline's bits within its bucket
+/// (the bucket gives the rest). Half the (i64, usize) pair, a timer a key fewer bytes
+/// of budget before a fold.
 #[derive(Debug, Default, Clone)]
 struct Timers {
-    buckets: BTreeMap<i64, Vec<(i64, usize)>>,
+    buckets: BTreeMap<i64, Vec<u64>>,
     /// The timers in all buckets, dead ones included.
     len: usize,
 }
 
+/// The bits of a deadline within its bucket.
+const IN_BUCKET: u64 = (1 << BUCKET_SHIFT) - 1;
+
+fn pack_timer(deadline: i64, at: usize) -> u64 {
+    let at = u64::try_from(at).ok().filter(|&at| at >> (64 - BUCKET_SHIFT) == 0);
+    let at = at.expect("an overlay's arena is smaller than 2^48 bytes");
+    (at << BUCKET_SHIFT) | (deadline as u64 & IN_BUCKET)
+}
+
+/// A timer of the bucket `bucket`, unpacked: its deadline and its entry's offset.
+fn unpack_timer(bucket: i64, timer: u64) -> (i64, usize) {
+    ((bucket << BUCKET_SHIFT) | (timer & IN_BUCKET) as i64, (timer >> BUCKET_SHIFT) as usize)
+}
+
 impl Timers {
     fn push(&mut self, deadline: i64, at: usize) {
-        self.buckets.entry(deadline >> BUCKET_SHIFT).or_default().push((deadline, at));
+        self.buckets.entry(deadline >> BUCKET_SHIFT).or_default().push(pack_timer(deadline, at));
         self.len += 1;
     }
 
@@ -472,14 +479,19 @@ impl Timers {
             None => Some(i64::MAX),
         };
         let buckets = last.map(|last| self.buckets.range(..=last)).into_iter().flatten();
-        buckets.flat_map(|(_, timers)| timers.iter().copied()).filter(move |&(d, _)| threshold.is_none_or(|t| d < t))
+        buckets
+            .flat_map(|(&bucket, timers)| timers.iter().map(move |&timer| unpack_timer(bucket, timer)))
+            .filter(move |&(d, _)| threshold.is_none_or(|t| d < t))
     }
 
     /// Keeps the timers for which `new_offset` gives an offset, moved there.
     fn retain_map(&mut self, mut new_offset: impl FnMut(usize) -> Option<usize>) {
         self.len = 0;
-        self.buckets.retain(|_, timers| {
-            timers.retain_mut(|(_, at)| new_offset(*at).map(|moved| *at = moved).is_some());
+        self.buckets.retain(|&bucket, timers| {
+            timers.retain_mut(|timer| {
+                let (deadline, at) = unpack_timer(bucket, *timer);
+                new_offset(at).map(|moved| *timer = pack_timer(deadline, moved)).is_some()
+            });
             self.len += timers.len();
             !timers.is_empty()
         });
