@@ -942,7 +942,7 @@ impl Pipeline {
                 Err(cause) => self.call_failed(batch, key, events, None, cause)?,
             }
         }
-        batch.changes = done.changes;
+        batch.set_changes(done.changes);
         Ok(())
     }
 
@@ -1099,7 +1099,7 @@ impl Pipeline {
         let after = KeyRecord { value, timeout_ms: outcome.timeout_ms, schema_version: schema };
         let after = (!after.is_empty()).then_some(after);
         if after != before {
-            batch.changes.push(KeyChange { key: key.to_owned(), before, after });
+            batch.push_change(KeyChange { key: key.to_owned(), before, after });
         }
         Ok(())
     }
@@ -1142,7 +1142,7 @@ impl Pipeline {
         {
             let after = KeyRecord { timeout_ms: None, ..record.clone() };
             let after = (!after.is_empty()).then_some(after);
-            batch.changes.push(KeyChange { key: key.to_owned(), before, after });
+            batch.push_change(KeyChange { key: key.to_owned(), before, after });
         }
         Ok(())
     }
@@ -1162,7 +1162,6 @@ impl Pipeline {
             watermark_ms: plan.watermark_ms,
             counters: batch.counters,
         };
-        (batch.keys_delta, batch.timers_delta) = stored_deltas(&batch.changes);
         self.export(plan, &batch.changes, &next)?;
         self.store.commit(&batch.changes, &next, durable)?;
         batch.changes.clear();
@@ -1258,15 +1257,33 @@ impl Batch {
     }
 }
 
-/// How a batch's changes move the number of stored keys and of pending timers. Each
-/// change carries the key's committed record before the batch, so this costs one look
-/// at each change and no store read.
-fn stored_deltas(changes: &[KeyChange]) -> (i64, i64) {
+impl Batch {
+    /// Adds a change, and what it does to the numbers of stored keys and timers: counted
+    /// as the change is made, while its records are in the cache (a pass over a batch's
+    /// changes before its commit read them back from memory: 3% of a batch loop at a
+    /// million keys).
+    fn push_change(&mut self, change: KeyChange) {
+        let (keys, timers) = stored_delta(&change);
+        self.keys_delta += keys;
+        self.timers_delta += timers;
+        self.changes.push(change);
+    }
+
+    /// Takes the changes of a 0.2 batch (`keyed.rs`), made all at once, in place of the
+    /// ones it has (none).
+    fn set_changes(&mut self, changes: Vec<KeyChange>) {
+        let sum = |(k, t): (i64, i64), (dk, dt): (i64, i64)| (k + dk, t + dt);
+        (self.keys_delta, self.timers_delta) = changes.iter().map(stored_delta).fold((0, 0), sum);
+        self.changes = changes;
+    }
+}
+
+/// How a change moves the number of stored keys and of pending timers. Each change
+/// carries the key's committed record before the batch, so this needs no store read.
+fn stored_delta(change: &KeyChange) -> (i64, i64) {
     let stored = |r: &Option<KeyRecord>| i64::from(r.is_some());
     let timer = |r: &Option<KeyRecord>| i64::from(r.as_ref().is_some_and(|r| r.timeout_ms.is_some()));
-    changes.iter().fold((0, 0), |(keys, timers), c| {
-        (keys + stored(&c.after) - stored(&c.before), timers + timer(&c.after) - timer(&c.before))
-    })
+    (stored(&change.after) - stored(&change.before), timer(&change.after) - timer(&change.before))
 }
 
 /// The settings a state dir is tied to, as this run gives them.

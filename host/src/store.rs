@@ -264,6 +264,8 @@ struct EncodedRecords {
 }
 
 impl EncodedRecords {
+    /// Encodes the records of `changes`, asserting what the store takes of each (the
+    /// storage boundary): a key within `KEY_BYTES_MAX`, an empty record only as a delete.
     fn fill(&mut self, changes: &[KeyChange]) {
         if self.bytes.capacity() > 4 << 20 {
             *self = Self::default();
@@ -271,7 +273,10 @@ impl EncodedRecords {
         self.bytes.clear();
         self.ends.clear();
         for change in changes {
+            // Assert at the storage boundary: an empty record must be a delete.
+            assert!(change.key.len() <= KEY_BYTES_MAX, "over-long key reached the store");
             if let Some(record) = &change.after {
+                assert!(!record.is_empty(), "empty record for key {:?} reached the store", change.key);
                 codec::encode_into(&mut self.bytes, record);
             }
             self.ends.push(self.bytes.len());
@@ -948,16 +953,8 @@ impl Store {
     /// nothing, except one over many keys whose changes went into the overlay while
     /// the append ran: the store then refuses every call ([`StoreError::Unusable`]).
     pub fn commit(&mut self, changes: &[KeyChange], checkpoint: &Checkpoint, durable: bool) -> Result<()> {
-        for change in changes {
-            // Assert at the storage boundary: an empty record must be a delete.
-            assert!(
-                change.after.as_ref().is_none_or(|r| !r.is_empty()),
-                "empty record for key {:?} reached the store",
-                change.key
-            );
-            assert!(change.key.len() <= KEY_BYTES_MAX, "over-long key reached the store");
-        }
         self.usable()?;
+        // Checks each change as it encodes it: one pass over megabytes of changes.
         self.encoded.fill(changes);
         let overlay = Arc::make_mut(&mut self.overlay);
         let (log, encoded, seq) = (&mut self.log, &self.encoded, self.seq + 1);
