@@ -35,7 +35,8 @@ use crate::scan_groups::ScanGroups;
 /// An entry's header: the key's length (u16), the record's length (u32, [`DELETED`]
 /// for a deletion) and a byte of flags ([`REPLACED`]), little endian. The key and the
 /// record's encoding follow. The record's deadline is in its encoding and in its
-/// timer, not here: every byte of an entry is a byte less for keys before a fold.
+/// timer, not here: every byte an entry takes counts against the keys the overlay
+/// holds before a fold.
 const HEADER_BYTES: usize = 7;
 const DELETED: u32 = u32::MAX;
 /// Where the flags are in the header.
@@ -437,8 +438,8 @@ impl Overlay {
 /// knows one whose entry was replaced is dead, and compaction drops it.
 ///
 /// A timer is one u64: the entry's offset above the deadline's bits within its bucket
-/// (the bucket gives the rest). Half the (i64, usize) pair, a timer a key fewer bytes
-/// of budget before a fold.
+/// (the bucket gives the rest), half an (i64, usize) pair: 8 bytes a key less of the
+/// overlay's budget, so more keys before a fold.
 #[derive(Debug, Default, Clone)]
 struct Timers {
     buckets: BTreeMap<i64, Vec<u64>>,

@@ -1255,9 +1255,7 @@ impl Batch {
             timers_delta: 0,
         }
     }
-}
 
-impl Batch {
     /// Adds a change, and what it does to the numbers of stored keys and timers: counted
     /// as the change is made, while its records are in the cache (a pass over a batch's
     /// changes before its commit read them back from memory: 3% of a batch loop at a

@@ -273,7 +273,6 @@ impl EncodedRecords {
         self.bytes.clear();
         self.ends.clear();
         for change in changes {
-            // Assert at the storage boundary: an empty record must be a delete.
             assert!(change.key.len() <= KEY_BYTES_MAX, "over-long key reached the store");
             if let Some(record) = &change.after {
                 assert!(!record.is_empty(), "empty record for key {:?} reached the store", change.key);
