@@ -433,8 +433,8 @@ impl Overlay {
     }
 }
 
-/// The timers of an overlay: (deadline, entry offset) pairs, appended to the bucket of
-/// their deadline, in the order applied. A timer is never removed here: the overlay
+/// The timers of an overlay: each a deadline and its entry's offset, appended to the
+/// bucket of its deadline, in the order applied. A timer is never removed here: the overlay
 /// knows one whose entry was replaced is dead, and compaction drops it.
 ///
 /// A timer is one u64: the entry's offset above the deadline's bits within its bucket
