@@ -894,3 +894,44 @@ fn plugin(path: &std::path::Path) -> Result<()> {
     writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&report)?)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// `run`'s options leave a config file's values alone when not given, so their help
+    /// states the defaults by hand: each number there must be the default a pipeline
+    /// takes, and a new one must be added here.
+    #[test]
+    fn run_help_states_the_pipeline_defaults() {
+        let config =
+            PipelineConfig::new(PathBuf::from("p.wasm"), Stream::Std, Stream::Std, PathBuf::from("state"), "k".into());
+        let limits = &config.limits;
+        let want = [
+            ("event_time_ahead_max_ms", config.event_time_ahead_max_ms.to_string()),
+            ("batch_events", config.batch_events_max.to_string()),
+            ("batch_bytes", config.batch_bytes_max.to_string()),
+            ("batch_keys", config.batch_keys_max.to_string()),
+            ("store_buffer", limits.store_buffer_bytes.to_string()),
+            ("trigger_interval_ms", config.trigger_interval_ms.to_string()),
+            ("call_cpu_ms_max", limits.call_cpu_ms_max.to_string()),
+            ("instance_memory_bytes_max", limits.instance_memory_bytes_max.to_string()),
+            ("state_bytes_max", limits.state_bytes_max.to_string()),
+        ];
+        let cli = Cli::command();
+        let run = cli.find_subcommand("run").expect("a run command");
+        let mut stated = Vec::new();
+        for arg in run.get_arguments() {
+            let help = arg.get_long_help().or(arg.get_help()).map(ToString::to_string).unwrap_or_default();
+            let Some(at) = help.find("[default: ") else { continue };
+            let number: String = help[at + "[default: ".len()..].chars().take_while(char::is_ascii_digit).collect();
+            if !number.is_empty() {
+                stated.push((arg.get_id().to_string(), number));
+            }
+        }
+        let want: Vec<(String, String)> = want.into_iter().map(|(id, n)| (id.to_owned(), n)).collect();
+        assert_eq!(stated, want, "the defaults `run --help` states, against the pipeline's");
+    }
+}
