@@ -434,8 +434,8 @@ impl Overlay {
 }
 
 /// The timers of an overlay: each a deadline and its entry's offset, appended to the
-/// bucket of its deadline, in the order applied. A timer is never removed here: the overlay
-/// knows one whose entry was replaced is dead, and compaction drops it.
+/// bucket of its deadline, in the order applied. A timer is never removed here: the
+/// overlay knows one whose entry was replaced is dead, and compaction drops it.
 ///
 /// A timer is one u64: the entry's offset above the deadline's bits within its bucket
 /// (the bucket gives the rest), half an (i64, usize) pair: 8 bytes a key less of the
