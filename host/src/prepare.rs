@@ -9,14 +9,12 @@
 //! the pipeline asks for (after a rollback, say) is simply dropped and prepared again.
 //! Stdin is prepared in line: its lines cannot be read twice.
 
-use std::hash::BuildHasher;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use hashbrown::HashTable;
-
 use crate::clock::Clock;
 use crate::decode::Decoder;
+use crate::groups::KeyNumber;
 pub(crate) use crate::groups::{Groups, Scratch};
 use crate::source::{Rotation, Source, SourceError};
 
@@ -99,11 +97,7 @@ fn prepare(
     // it went (a fifth of the input thread's time at a million keys).
     let keys_expected = req.keys_max.min(req.records_max).min(KEYS_RESERVED_MAX);
     out.groups.reserve_keys(keys_expected);
-    // The number of each key in `out.groups`, by the key's hash (foldhash, randomly
-    // seeded: SipHash showed in profiles of this per-line lookup); the key itself is
-    // held once, in the groups.
-    let hasher = foldhash::fast::RandomState::default();
-    let mut index: HashTable<usize> = HashTable::with_capacity(keys_expected);
+    scratch.start_batch();
     let mut cut = None;
     source.read_lines(req.records_max, req.bytes_max, req.end_offset, req.wait, |line| {
         if out.records.is_multiple_of(LINES_BETWEEN_IDLE) {
@@ -161,17 +155,16 @@ fn prepare(
                 return Ok(true);
             }
         };
-        let hash = hasher.hash_one(key.as_ref());
         let groups = &mut out.groups;
-        let slot = match index.find(hash, |&i| groups.is_key(i, &key)) {
-            Some(&i) => i,
-            None if groups.len() == req.keys_max => {
+        let slot = match scratch.number_of(groups, &key) {
+            KeyNumber::Known(i) => i,
+            KeyNumber::New(_) if groups.len() == req.keys_max => {
                 // This record starts the next batch.
                 cut = Some(line.offset);
                 return Ok(false);
             }
-            None => {
-                index.insert_unique(hash, groups.len(), |&i| hasher.hash_one(groups.key(i)));
+            KeyNumber::New(hash) => {
+                scratch.add_key(groups, hash);
                 groups.len()
             }
         };
