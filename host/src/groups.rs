@@ -62,6 +62,28 @@ pub(crate) struct Scratch {
     text: String,
     events: Vec<Span>,
     numbers: KeyNumbers,
+    /// The mean length of the last batch's lines, if it had any.
+    line_bytes: Option<usize>,
+}
+
+/// Makes room for `n` items in an empty vector. One too small is replaced, not grown:
+/// growing copies the whole old allocation (a batch's, megabytes) into the new one,
+/// and a batch's vectors grown by doubling as the lines came were copied and faulted in
+/// again and again (a third of the input thread's time over 1M events and 10k sensors,
+/// where each of the first batches is twice the one before).
+fn make_room<T>(v: &mut Vec<T>, n: usize) {
+    debug_assert!(v.is_empty());
+    if v.capacity() < n {
+        *v = Vec::with_capacity(n);
+    }
+}
+
+/// [`make_room`] for `n` bytes of an empty string.
+fn make_room_in(s: &mut String, n: usize) {
+    debug_assert!(s.is_empty());
+    if s.capacity() < n {
+        *s = String::with_capacity(n);
+    }
 }
 
 /// The number of each key of the groups being filled, by the key's hash (foldhash,
@@ -98,6 +120,21 @@ impl Scratch {
         self.numbers.table.clear();
     }
 
+    /// How many records, and bytes of lines, to make room for in a batch of at most
+    /// `records_max` records and `bytes_max` bytes of input: judged by the last batch's
+    /// lines, with a quarter more for lines a little longer than those (a vector grown
+    /// when nearly full copies it all); `(0, 0)` before a first batch. Room made for
+    /// more than a batch fills is address space, not memory: pages are given only as
+    /// the lines are written.
+    pub fn expected_batch(&self, records_max: usize, bytes_max: u64) -> (usize, usize) {
+        let Some(line_bytes) = self.line_bytes else { return (0, 0) };
+        let line_bytes = line_bytes.max(1);
+        let with_slack = |n: usize| n.saturating_add(n / 4);
+        let bytes_max = usize::try_from(bytes_max).unwrap_or(usize::MAX);
+        let bytes = with_slack(records_max.saturating_mul(line_bytes)).min(bytes_max);
+        (with_slack(bytes / line_bytes).min(records_max), bytes)
+    }
+
     /// The number of `key` in `groups`, which are being filled along with this scratch
     /// (since [`Scratch::start_batch`]).
     pub fn number_of(&self, groups: &Groups, key: &str) -> KeyNumber {
@@ -128,9 +165,14 @@ impl Groups {
         self.key_order.clear();
     }
 
-    /// Makes room for `keys` keys.
-    pub fn reserve_keys(&mut self, keys: usize) {
-        self.keys.reserve(keys);
+    /// Makes room for a batch of `keys` keys and `records` records whose lines take
+    /// `text_bytes` (the groups are empty: see [`Groups::clear`]).
+    pub fn reserve(&mut self, keys: usize, records: usize, text_bytes: usize) {
+        debug_assert!(self.keys.is_empty() && self.events.is_empty() && self.text.is_empty());
+        make_room(&mut self.keys, keys);
+        make_room(&mut self.events, records);
+        make_room(&mut self.arrivals, records);
+        make_room_in(&mut self.text, text_bytes);
     }
 
     /// How many keys.
@@ -183,6 +225,9 @@ impl Groups {
     /// their events' lines from one run of memory, not from all over a batch's text
     /// (a tenth of the calling thread's time went to waiting for those scattered lines).
     pub fn finish(&mut self, scratch: &mut Scratch) {
+        if !self.events.is_empty() {
+            scratch.line_bytes = Some(self.text.len() / self.events.len());
+        }
         // A batch's keys are far fewer than 2^32: `batch_keys_max` bounds them.
         self.key_order.clear();
         self.key_order.extend(0..self.keys.len() as u32);
@@ -206,6 +251,7 @@ impl Groups {
         }
         let sorted = &mut scratch.events;
         sorted.clear();
+        make_room(sorted, self.events.len());
         sorted.resize(self.events.len(), Span { event_time_ms: None, start: 0, end: 0 });
         for (&span, &k) in self.events.iter().zip(&self.arrivals) {
             let next = &mut self.keys[k as usize].events_end;
@@ -222,7 +268,7 @@ impl Groups {
         }
         let text = &mut scratch.text;
         text.clear();
-        text.reserve(self.text.len());
+        make_room_in(text, self.text.len());
         let mut begin = 0;
         for k in &mut self.keys {
             let events = &mut self.events[begin..k.events_end];
@@ -359,6 +405,29 @@ mod tests {
         );
         // The arrival-order text went to the scratch, for the next batch to use.
         assert_eq!(scratch.text, "a1b1a2b2c1a3b3c2");
+    }
+
+    #[test]
+    fn room_for_a_batch_is_judged_by_the_last_ones_lines_and_then_not_grown() {
+        let mut scratch = Scratch::default();
+        assert_eq!(scratch.expected_batch(100, u64::MAX), (0, 0), "no batch yet");
+        let mut g = Groups::default();
+        for i in 0..4 {
+            g.push(i, &format!("k{i}"), "0123456789", None);
+        }
+        g.finish(&mut scratch);
+        // Lines of 10 bytes: a quarter more than 100 of them, or what the input allows.
+        assert_eq!(scratch.expected_batch(100, u64::MAX), (100, 1250));
+        assert_eq!(scratch.expected_batch(100, 500), (62, 500));
+        g.clear();
+        let (records, bytes) = scratch.expected_batch(100, u64::MAX);
+        g.reserve(100, records, bytes);
+        let room = (g.text.capacity(), g.events.capacity(), g.arrivals.capacity());
+        assert!(room.0 >= 1250 && room.1 >= 100 && room.2 >= 100, "{room:?}");
+        for i in 0..100 {
+            g.push(i, &format!("k{i}"), "0123456789", None);
+        }
+        assert_eq!((g.text.capacity(), g.events.capacity(), g.arrivals.capacity()), room, "not grown");
     }
 
     #[test]

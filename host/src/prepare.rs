@@ -31,6 +31,13 @@ pub(crate) struct Request {
     pub watermark_ms: i64,
     /// At most this many records.
     pub records_max: usize,
+    /// The records to make room for: the most any batch of the run may read, above
+    /// `records_max` while a run's first batches ramp up. Room made in the memory a
+    /// batch is read into, which later batches reuse, is filled only as far as the
+    /// batch goes; made for each ramped batch in turn, twice the one before, every
+    /// batch was read into memory the system had to give afresh (over 1M events and
+    /// 10k sensors, a third of the input thread's time was spent on those pages).
+    pub records_room: usize,
     /// Ends after the line that reaches this many input bytes.
     pub bytes_max: u64,
     /// Cut before the record that would bring one more distinct key.
@@ -93,10 +100,13 @@ fn prepare(
     }
     groups.clear();
     let mut out = Prepared { groups, ..Prepared::default() };
-    // A batch over many keys used to grow these by doubling, rehashing and copying as
-    // it went (a fifth of the input thread's time at a million keys).
+    // Room for the whole batch at once: a batch over many keys used to grow its groups
+    // by doubling, copying as it went (a fifth of the input thread's time at a million
+    // keys). A replayed plan reads its range exactly.
     let keys_expected = req.keys_max.min(req.records_max).min(KEYS_RESERVED_MAX);
-    out.groups.reserve_keys(keys_expected);
+    let bytes_max = req.end_offset.map_or(req.bytes_max, |end| end.saturating_sub(req.start_offset).min(req.bytes_max));
+    let (records_expected, text_expected) = scratch.expected_batch(req.records_room, bytes_max);
+    out.groups.reserve(keys_expected, records_expected, text_expected);
     scratch.start_batch();
     let mut cut = None;
     source.read_lines(req.records_max, req.bytes_max, req.end_offset, req.wait, |line| {
@@ -373,6 +383,7 @@ mod tests {
             end_offset: None,
             watermark_ms,
             records_max: 3,
+            records_room: 3,
             bytes_max: u64::MAX,
             keys_max: 2,
             wait: Duration::ZERO,
