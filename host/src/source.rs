@@ -14,6 +14,12 @@ use std::time::Duration;
 /// The UTF-8 byte order mark, skipped at the start of an input.
 const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
 
+/// The buffer a file input is read through. Each read brings this much into the
+/// caches, then its lines are decoded and copied: 1 MiB was pushed out of them before
+/// its last lines were reached, and 128 KiB read 10M lines over 10k sensors 4% faster
+/// (32 KiB no faster again).
+const FILE_BUFFER_BYTES: usize = 128 << 10;
+
 /// Lines queued from stdin at most, before the reader thread waits.
 const STDIN_QUEUE_LINES_MAX: usize = 65_536;
 
@@ -356,7 +362,7 @@ impl Source {
             return Err(SourceError::Replaced { path: path.to_owned(), offset, bytes: offset.min(INPUT_DIGEST_BYTES) });
         }
         file.seek(SeekFrom::Start(offset)).map_err(|cause| SourceError::Read { offset, cause })?;
-        let reader = LineReader::new(BufReader::with_capacity(1 << 20, file), offset, line_bytes_max, !follow);
+        let reader = LineReader::new(BufReader::with_capacity(FILE_BUFFER_BYTES, file), offset, line_bytes_max, !follow);
         let identity = (meta.dev(), meta.ino());
         Ok(Self { inner: Inner::File { path: path.to_owned(), reader, follow, identity, rotation: None } })
     }
@@ -453,7 +459,7 @@ impl Source {
                 let file = File::open(&*path).map_err(open_err)?;
                 let meta = file.metadata().map_err(open_err)?;
                 *identity = (meta.dev(), meta.ino());
-                reader.inner = BufReader::with_capacity(1 << 20, file);
+                reader.inner = BufReader::with_capacity(FILE_BUFFER_BYTES, file);
                 reader.reset(0);
                 *rotation = None;
                 Ok(())
