@@ -362,7 +362,8 @@ impl Source {
             return Err(SourceError::Replaced { path: path.to_owned(), offset, bytes: offset.min(INPUT_DIGEST_BYTES) });
         }
         file.seek(SeekFrom::Start(offset)).map_err(|cause| SourceError::Read { offset, cause })?;
-        let reader = LineReader::new(BufReader::with_capacity(FILE_BUFFER_BYTES, file), offset, line_bytes_max, !follow);
+        let reader =
+            LineReader::new(BufReader::with_capacity(FILE_BUFFER_BYTES, file), offset, line_bytes_max, !follow);
         let identity = (meta.dev(), meta.ino());
         Ok(Self { inner: Inner::File { path: path.to_owned(), reader, follow, identity, rotation: None } })
     }
