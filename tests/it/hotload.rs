@@ -47,6 +47,11 @@ impl Harness {
             "k".into(),
         );
         config.batch_events_max = 40;
+        // The tests append to the input while the pipeline reads it. Followed, a line
+        // read half-written waits for the rest; a file read to its end takes its last
+        // line as it is, and a write that the reader meets half-done (one crossing a
+        // page of the page cache) would be a bad record.
+        config.follow = true;
         config.durable_commits = false;
         config.cache_dir = Some(cache_dir());
         adjust(&mut config);
