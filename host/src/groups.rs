@@ -70,14 +70,15 @@ pub(crate) struct Scratch {
 }
 
 /// Makes room for `n` items in an empty vector. One too small is replaced, not grown:
-/// growing copies the whole old allocation (a batch's, megabytes) into the new one,
-/// and a batch's vectors grown by doubling as the lines came were copied and faulted in
-/// again and again (a third of the input thread's time over 1M events and 10k sensors,
-/// where each of the first batches is twice the one before).
+/// growing copies the whole old allocation (a batch's, megabytes) into the new one.
+/// Room the system refuses is not made: the vector grows as it is filled instead.
 fn make_room<T>(v: &mut Vec<T>, n: usize) {
     debug_assert!(v.is_empty());
     if v.capacity() < n {
-        *v = Vec::with_capacity(n);
+        let mut room = Vec::new();
+        if room.try_reserve_exact(n).is_ok() {
+            *v = room;
+        }
     }
 }
 
@@ -85,7 +86,10 @@ fn make_room<T>(v: &mut Vec<T>, n: usize) {
 fn make_room_in(s: &mut String, n: usize) {
     debug_assert!(s.is_empty());
     if s.capacity() < n {
-        *s = String::with_capacity(n);
+        let mut room = String::new();
+        if room.try_reserve_exact(n).is_ok() {
+            *s = room;
+        }
     }
 }
 
@@ -98,8 +102,17 @@ fn make_room_in(s: &mut String, n: usize) {
 #[derive(Default)]
 struct KeyNumbers {
     hasher: foldhash::fast::RandomState,
+    /// Replaced when it has room for many times the keys of the last batch: one batch
+    /// over millions of keys would leave the later ones a table that misses the cache.
     table: HashTable<u32>,
 }
+
+/// How many times the keys of the last batch [`KeyNumbers`]' table may have room for
+/// before it is made anew for the next (at the least room for [`KEY_TABLE_KEPT_MIN`]).
+const KEY_TABLE_SLACK: usize = 4;
+
+/// Room for keys that [`KeyNumbers`]' table keeps in any case.
+const KEY_TABLE_KEPT_MIN: usize = 1 << 16;
 
 impl std::fmt::Debug for KeyNumbers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -120,7 +133,12 @@ pub(crate) enum KeyNumber {
 impl Scratch {
     /// Forgets the keys of the groups filled last, keeping the memory: before a batch.
     pub fn start_batch(&mut self) {
-        self.numbers.table.clear();
+        let table = &mut self.numbers.table;
+        if table.capacity() > KEY_TABLE_KEPT_MIN.max(KEY_TABLE_SLACK * table.len()) {
+            *table = HashTable::new();
+        } else {
+            table.clear();
+        }
     }
 
     /// How many records, and bytes of lines, to make room for in a batch of at most
@@ -152,7 +170,7 @@ impl Scratch {
     /// key of `groups`, which is then pushed as that number.
     pub fn add_key(&mut self, groups: &Groups, hash: u64) {
         let KeyNumbers { hasher, table } = &mut self.numbers;
-        // A batch's keys are far fewer than 2^32: `batch_keys_max` bounds them.
+        // See `Groups::push` for the bound.
         table.insert_unique(hash, groups.len() as u32, |&i| hasher.hash_one(groups.key(i as usize)));
     }
 }
@@ -219,7 +237,8 @@ impl Groups {
         // Counts for now: `finish` turns them into ends.
         self.keys[key_index].events_end += 1;
         self.events.push(Span { event_time_ms, start, end });
-        // A batch's keys are far fewer than 2^32: `batch_keys_max` bounds them.
+        // A batch's keys are no more than its records, which `batch_events_max` bounds
+        // far below 2^32 (a replayed batch was read under such a bound too).
         self.arrivals.push(key_index as u32);
     }
 
@@ -231,7 +250,7 @@ impl Groups {
         if !self.events.is_empty() {
             scratch.line_bytes = Some(self.text.len() / self.events.len());
         }
-        // A batch's keys are far fewer than 2^32: `batch_keys_max` bounds them.
+        // See `Groups::push` for the bound.
         self.key_order.clear();
         self.key_order.extend(0..self.keys.len() as u32);
         let (keys, key_text) = (&self.keys, self.key_text.as_bytes());
@@ -269,11 +288,13 @@ impl Groups {
         if self.events.len() < REORDER_EVENTS_PER_KEY_MIN * self.keys.len() {
             return;
         }
+        // As much room as the groups' own text, for which it is swapped.
         let text = &mut scratch.text;
         text.clear();
-        make_room_in(text, self.text.len());
+        make_room_in(text, self.text.capacity());
         for j in 0..self.events.len() {
-            // The lines are read in no order: each is asked for a few lines ahead.
+            // The lines are read in no order: each is asked for a few lines ahead, its
+            // first byte and the one after it (which the slicing below reads).
             if let Some(ahead) = self.events.get(j + REORDER_LINES_AHEAD) {
                 for at in [ahead.start, ahead.end] {
                     if let Some(byte) = self.text.as_bytes().get(at) {

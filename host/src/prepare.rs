@@ -31,12 +31,12 @@ pub(crate) struct Request {
     pub watermark_ms: i64,
     /// At most this many records.
     pub records_max: usize,
-    /// The records to make room for: the most any batch of the run may read, above
-    /// `records_max` while a run's first batches ramp up. Room made in the memory a
-    /// batch is read into, which later batches reuse, is filled only as far as the
-    /// batch goes; made for each ramped batch in turn, twice the one before, every
-    /// batch was read into memory the system had to give afresh (over 1M events and
-    /// 10k sensors, a third of the input thread's time was spent on those pages).
+    /// The records to make room for: the most a batch of the run may read
+    /// (`batch_events_max`, also while a run's first batches ramp up to it). The memory
+    /// a batch is read into is used again by later batches, and is given by the system
+    /// only as far as a batch fills it; with room made for each ramped batch in turn,
+    /// twice the one before, every batch was read into memory given afresh (a third of
+    /// the input thread's time over 1M events and 10k sensors).
     pub records_room: usize,
     /// Ends after the line that reaches this many input bytes.
     pub bytes_max: u64,
@@ -102,10 +102,9 @@ fn prepare(
     let mut out = Prepared { groups, ..Prepared::default() };
     // Room for the whole batch at once: a batch over many keys used to grow its groups
     // by doubling, copying as it went (a fifth of the input thread's time at a million
-    // keys). A replayed plan reads its range exactly.
-    let keys_expected = req.keys_max.min(req.records_max).min(KEYS_RESERVED_MAX);
-    let bytes_max = req.end_offset.map_or(req.bytes_max, |end| end.saturating_sub(req.start_offset).min(req.bytes_max));
-    let (records_expected, text_expected) = scratch.expected_batch(req.records_room, bytes_max);
+    // keys).
+    let keys_expected = req.keys_max.min(req.records_room).min(KEYS_RESERVED_MAX);
+    let (records_expected, text_expected) = scratch.expected_batch(req.records_room, req.bytes_max);
     out.groups.reserve(keys_expected, records_expected, text_expected);
     scratch.start_batch();
     let mut cut = None;
@@ -262,6 +261,7 @@ pub(crate) enum Preparer {
         source: Source,
         decoder: Decoder,
         clock: Arc<dyn Clock>,
+        scratch: Box<Scratch>,
     },
     Ahead {
         requests: mpsc::Sender<Request>,
@@ -286,7 +286,7 @@ impl Preparer {
     /// A preparer for `source`: a thread of its own for a seekable input.
     pub fn new(source: Source, decoder: Decoder, clock: Arc<dyn Clock>) -> Result<Self, SourceError> {
         if !source.is_seekable() {
-            return Ok(Self::InLine { source, decoder, clock });
+            return Ok(Self::InLine { source, decoder, clock, scratch: Box::default() });
         }
         let (requests, requests_rx) = mpsc::channel::<Request>();
         let (recycled, recycled_rx) = mpsc::channel::<Prepared>();
@@ -349,8 +349,8 @@ impl Preparer {
     /// request, else prepared now.
     pub fn get(&mut self, req: Request) -> Result<Prepared, SourceError> {
         match self {
-            Self::InLine { source, decoder, clock } => {
-                prepare(source, decoder, clock.as_ref(), &req, Groups::default(), &mut Scratch::default(), &mut || {})
+            Self::InLine { source, decoder, clock, scratch } => {
+                prepare(source, decoder, clock.as_ref(), &req, Groups::default(), scratch, &mut || {})
             }
             Self::Ahead { requests, replies, outstanding, .. } => {
                 let gone = || {
