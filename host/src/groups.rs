@@ -156,6 +156,13 @@ impl Scratch {
         (with_slack(bytes / line_bytes).min(records_max), bytes)
     }
 
+    /// About how many lines `bytes` of input hold, judged by the last batch's lines
+    /// (`None` before a first batch).
+    pub fn lines_in(&self, bytes: u64) -> Option<u64> {
+        // The mean is of the lines without their newlines.
+        Some(bytes / (self.line_bytes? as u64 + 1))
+    }
+
     /// The number of `key` in `groups`, which are being filled along with this scratch
     /// (since [`Scratch::start_batch`]).
     pub fn number_of(&self, groups: &Groups, key: &str) -> KeyNumber {

@@ -20,7 +20,7 @@ pub use crate::hot_swap::{
 };
 use crate::pace::PaceWatch;
 use crate::plugin::{CallError, CallOutcome, CallRequest, Event, PluginError, Runtime, StagedValue};
-use crate::prepare::{Prepared, Preparer, Request};
+use crate::prepare::{Prepared, Preparer, RAMP_RECORDS_MIN, Request};
 use crate::sink::{Sink, SinkError, Sinks};
 use crate::source::{Source, SourceError};
 use crate::store::{BatchPlan, Checkpoint, Counters, KeyChange, KeyRecord, PipelineIdentity, Store, StoreError};
@@ -274,9 +274,6 @@ fn call_run_keys(batch_calls_max: usize) -> usize {
 
 /// Batches at the start of a run that read fewer records than `batch_events_max`.
 const RAMP_BATCHES: u64 = 4;
-
-/// The fewest records a ramped batch reads (a smaller `batch_events_max` is not ramped).
-const RAMP_RECORDS_MIN: usize = 16_384;
 
 /// The records the `nth` batch of a run may read: a sixteenth of `batch_events_max`,
 /// then an eighth, a quarter, a half, then all of it, but at least

@@ -388,6 +388,18 @@ impl Source {
         }
     }
 
+    /// The bytes of a file read to its end (not followed) after the last line read, as
+    /// the file is now; `None` for other inputs, which may grow.
+    pub fn bytes_left(&self) -> Option<u64> {
+        match &self.inner {
+            Inner::File { reader, follow: false, .. } => {
+                let len = reader.inner.get_ref().metadata().ok()?.len();
+                Some(len.saturating_sub(reader.offset))
+            }
+            _ => None,
+        }
+    }
+
     /// How the followed file was rotated, once it has been read to its end.
     pub fn rotation(&self) -> Option<Rotation> {
         match &self.inner {
@@ -650,6 +662,19 @@ mod tests {
         reader.inner = cursor;
         let (line, consumed) = reader.next_line().unwrap().unwrap();
         assert_eq!((line.offset, line.text, consumed), (2, Ok("bcd".to_owned()), 4));
+    }
+
+    #[test]
+    fn a_file_read_to_its_end_tells_what_is_left_a_followed_one_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.jsonl");
+        std::fs::write(&path, "a\nbb\nccc\n").unwrap();
+        let mut src = Source::open_file(&path, 0, 0, 100, false).unwrap();
+        assert_eq!(src.bytes_left(), Some(9));
+        assert_eq!(src.read_batch(1, u64::MAX, None, Duration::ZERO).unwrap().len(), 1);
+        assert_eq!(src.bytes_left(), Some(7));
+        let followed = Source::open_file(&path, 0, 0, 100, true).unwrap();
+        assert_eq!(followed.bytes_left(), None, "a followed file may grow");
     }
 
     #[test]
