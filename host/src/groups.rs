@@ -65,7 +65,9 @@ pub(crate) struct Scratch {
     text: String,
     events: Vec<Span>,
     numbers: KeyNumbers,
-    /// The mean length of the last batch's lines, if it had any.
+    /// The mean length of the last batch's grouped lines (late and bad ones left out),
+    /// if it had any: from it the room for a batch is judged, and the lines left of a
+    /// file read to its end.
     line_bytes: Option<usize>,
 }
 

@@ -2,8 +2,8 @@
 //! and bad records aside and grouping the rest by key.
 //!
 //! A prepared batch depends on its [`Request`] (input range, watermark, limits) and
-//! the input (near the end of a file read to its end, on how much is left: see
-//! [`ramped_down`]), and it has no effect of its own: late and bad records are handed
+//! the input (near the end of a file read to its end, on how much is left, judged by
+//! the lines of the batch before: see [`ramped_down`]), and it has no effect of its own: late and bad records are handed
 //! back, to be written by the batch that commits them, and the plan written after it
 //! fixes the batch's range, which a replay reads exactly. So for a file input
 //! the stage runs on its own thread, one batch ahead of the plugin calls and the
@@ -31,7 +31,8 @@ pub(crate) struct Request {
     pub end_offset: Option<u64>,
     /// Records with an event time below it are late.
     pub watermark_ms: i64,
-    /// At most this many records.
+    /// At most this many records (a new batch near the end of a file read to its end
+    /// may read fewer: see [`ramped_down`]).
     pub records_max: usize,
     /// The records to make room for: the most a batch of the run may read
     /// (`batch_events_max`, also while a run's first batches ramp up to it). The memory
@@ -83,16 +84,15 @@ pub(crate) struct Prepared {
 pub(crate) const RAMP_RECORDS_MIN: usize = 16_384;
 
 /// The records a new batch of a file read to its end may read, `lines_left` being about
-/// the lines left in it: while fewer than two batches are left, half of them. The last
+/// the lines left in it: half of those, at least [`RAMP_RECORDS_MIN`] and at most
+/// `records_max` (so the whole batch while two or more batches are left). The last
 /// batch of a run is processed with nothing left to read meanwhile; halving what is left
 /// ends a run with a few small batches, the later read while the earlier are processed,
 /// instead of one as large as the rest (over 1M events and 10k sensors, a 500 000-record
 /// batch processed alone was about a third of the run).
 fn ramped_down(records_max: usize, lines_left: Option<u64>) -> usize {
-    let Some(left) = lines_left.and_then(|l| usize::try_from(l).ok()) else { return records_max };
-    if left >= records_max.saturating_mul(2) {
-        return records_max;
-    }
+    let Some(left) = lines_left else { return records_max };
+    let left = usize::try_from(left).unwrap_or(usize::MAX);
     records_max.min(left.div_ceil(2).max(RAMP_RECORDS_MIN))
 }
 
