@@ -3,13 +3,14 @@
 //!
 //! A prepared batch depends on its [`Request`] (input range, watermark, limits) and
 //! the input (near the end of a file read to its end, on how much is left, judged by
-//! the lines of the batch before: see [`ramped_down`]), and it has no effect of its own: late and bad records are handed
-//! back, to be written by the batch that commits them, and the plan written after it
-//! fixes the batch's range, which a replay reads exactly. So for a file input
-//! the stage runs on its own thread, one batch ahead of the plugin calls and the
-//! commit (the second core), and a prefetched batch that turns out not to be the one
-//! the pipeline asks for (after a rollback, say) is simply dropped and prepared again.
-//! Stdin is prepared in line: its lines cannot be read twice.
+//! the lines of the batch before: see [`ramped_down`]), and it has no effect of its
+//! own: late and bad records are handed back, to be written by the batch that commits
+//! them, and the plan written after it fixes the batch's range, which a replay reads
+//! exactly. So for a file input the stage runs on its own thread, one batch ahead of
+//! the plugin calls and the commit (the second core), and a prefetched batch that turns
+//! out not to be the one the pipeline asks for (after a rollback, say) is simply
+//! dropped and prepared again. Stdin is prepared in line: its lines cannot be read
+//! twice.
 
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
