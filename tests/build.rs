@@ -52,6 +52,8 @@ fn main() {
             println!("cargo:rerun-if-changed={}", file.display());
         }
     }
+    // The guests' rustflags (found by the inner cargo from its working directory).
+    println!("cargo:rerun-if-changed={}", root.join(".cargo").join("config.toml").display());
     let mut consts = String::new();
     // The other languages build in the background while cargo builds the Rust ones.
     let other = build_other_languages(&root, &target_dir.join("other"));

@@ -57,6 +57,7 @@ impl Language {
                 Template::script("build.sh", include_str!("../templates/rust/build.sh")),
                 Template::new("src/lib.rs", include_str!("../templates/rust/src/lib.rs")),
                 Template::new(".gitignore", include_str!("../templates/rust/.gitignore")),
+                Template::new(".cargo/config.toml", include_str!("../templates/rust/.cargo/config.toml")),
             ],
             Language::Python => vec![
                 Template::new("plugin.py", include_str!("../templates/python/plugin.py")),
