@@ -58,13 +58,16 @@ fn main() {
         args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned().unwrap_or_else(|| default.to_owned())
     };
     let num = |name: &str, default: u64| -> u64 {
-        flag(name, &default.to_string()).parse().unwrap_or_else(|_| panic!("{name} takes a number"))
+        let value = flag(name, &default.to_string());
+        value.parse().unwrap_or_else(|_| usage(&format!("{name} takes a number, not {value:?}")))
     };
     let list = |name: &str, default: &str| -> Vec<u64> {
-        flag(name, default)
+        let value = flag(name, default);
+        value
             .split(',')
-            .map(|n| n.parse().unwrap_or_else(|_| panic!("{name} takes numbers separated by commas")))
-            .collect()
+            .map(|n| n.parse())
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|_| usage(&format!("{name} takes numbers separated by commas, not {value:?}")))
     };
     match args.first().map(String::as_str) {
         Some("throughput") => throughput(
@@ -85,20 +88,37 @@ fn main() {
             args.iter().any(|a| a == "--partition-workers").then(|| num("--partition-workers", 0) as usize),
         ),
         // A child process of `throughput`: one run, one JSON line on stdout.
-        Some("one") => one(&args[1], Path::new(&args[2]), num("--batch-events", 0) as usize),
-        _ => {
-            eprintln!(
-                "usage: bench throughput [--events N,..] [--sensors K,..] [--runs R] [--batch-events B] [--configs floor,native,wasm,wasm-v2]"
-            );
-            eprintln!("       bench timers [--keys 10000,1000000] [--batches B]");
-            eprintln!("       bench swap [--runs R]");
-            eprintln!("       bench state [--size N] [--ops K] [--runs R]");
-            eprintln!(
-                "       bench kafka [--events N] [--sensors K] [--runs R] [--restore-keys K] [--partition-workers W]"
-            );
-            std::process::exit(2);
+        Some("one") if args.len() >= 3 && !args[2].starts_with("--") => {
+            one(&args[1], Path::new(&args[2]), num("--batch-events", 0) as usize)
         }
+        Some("one") => usage("one takes a config (floor, native, wasm or wasm-v2) and an input file"),
+        Some("-h" | "--help" | "help") => usage(""),
+        Some(other) => usage(&format!("no scenario {other:?}")),
+        None => usage("which scenario?"),
     }
+}
+
+/// Prints what went wrong and exits with status 1.
+fn fail(problem: &str) -> ! {
+    eprintln!("bench: {problem}");
+    std::process::exit(1);
+}
+
+/// Prints `problem` (if any) and the usage, and exits with status 2 (0 when asked for
+/// help).
+fn usage(problem: &str) -> ! {
+    if !problem.is_empty() {
+        eprintln!("bench: {problem}");
+    }
+    eprintln!(
+        "usage: bench throughput [--events N,..] [--sensors K,..] [--runs R] [--batch-events B] [--configs floor,native,wasm,wasm-v2]"
+    );
+    eprintln!("       bench timers [--keys 10000,1000000] [--batches B]");
+    eprintln!("       bench swap [--runs R]");
+    eprintln!("       bench state [--size N] [--ops K] [--runs R]");
+    eprintln!("       bench kafka [--events N] [--sensors K] [--runs R] [--restore-keys K] [--partition-workers W]");
+    eprintln!("       bench one floor|native|wasm|wasm-v2 FILE [--batch-events B]   (one run, one JSON line)");
+    std::process::exit(if problem.is_empty() { 0 } else { 2 });
 }
 
 fn data_dir() -> PathBuf {
@@ -270,6 +290,9 @@ fn peak_rss_kib() -> u64 {
 }
 
 fn one(config: &str, input: &Path, batch_events: usize) {
+    if !input.is_file() {
+        fail(&format!("no input file {}", input.display()));
+    }
     let clock = SystemClock;
     let started = clock.monotonic_ns();
     let (events, stages) = match config {
@@ -305,11 +328,11 @@ fn one(config: &str, input: &Path, batch_events: usize) {
             } else {
                 Pipeline::open_with_function(pc, clock, Box::new(NativeSensor::default()))
             }
-            .expect("open pipeline");
-            let summary = pipeline.run(&mut |_| {}).expect("run");
+            .unwrap_or_else(|e| fail(&format!("cannot open the pipeline: {e}")));
+            let summary = pipeline.run(&mut |_| {}).unwrap_or_else(|e| fail(&format!("the run failed: {e}")));
             (summary.run.records, summary.stages)
         }
-        other => panic!("unknown config {other}"),
+        other => usage(&format!("no config {other:?} (floor, native, wasm or wasm-v2)")),
     };
     let secs = (clock.monotonic_ns() - started) as f64 / 1e9;
     let ms = |ns: u64| ns as f64 / 1e6;
