@@ -69,22 +69,44 @@ fn main() {
             .collect::<Result<_, _>>()
             .unwrap_or_else(|_| usage(&format!("{name} takes numbers separated by commas, not {value:?}")))
     };
+    // At least one: a median of no runs, or a workload of no sensors, is nothing.
+    let count = |name: &str, default: u64| -> u64 {
+        let n = num(name, default);
+        if n == 0 {
+            usage(&format!("{name} takes 1 or more"));
+        }
+        n
+    };
+    let small = |n: u64, name: &str| -> u32 {
+        u32::try_from(n).unwrap_or_else(|_| usage(&format!("{name} takes at most {}", u32::MAX)))
+    };
     match args.first().map(String::as_str) {
-        Some("throughput") => throughput(
-            &list("--events", "1000000"),
-            &list("--sensors", "10000"),
-            num("--runs", 3) as usize,
-            num("--batch-events", 0) as usize,
-            &flag("--configs", "floor,native,wasm").split(',').collect::<Vec<_>>(),
-        ),
+        Some("throughput") => {
+            let configs = flag("--configs", "floor,native,wasm");
+            let configs: Vec<&str> = configs.split(',').collect();
+            if let Some(other) = configs.iter().find(|c| !CONFIGS.contains(c)) {
+                usage(&format!("no config {other:?} (floor, native, wasm or wasm-v2)"));
+            }
+            let sensors = list("--sensors", "10000");
+            if sensors.iter().any(|&s| s == 0 || u32::try_from(s).is_err()) {
+                usage(&format!("--sensors takes counts from 1 to {}", u32::MAX));
+            }
+            throughput(
+                &list("--events", "1000000"),
+                &sensors,
+                count("--runs", 3) as usize,
+                num("--batch-events", 0) as usize,
+                &configs,
+            )
+        }
         Some("timers") => timers(&list("--keys", "10000,1000000"), num("--batches", 20) as usize),
-        Some("swap") => swap(num("--runs", 5) as usize),
-        Some("state") => state_cost(num("--size", 10_000), num("--ops", 1000), num("--runs", 5) as usize),
+        Some("swap") => swap(count("--runs", 5) as usize),
+        Some("state") => state_cost(num("--size", 10_000), num("--ops", 1000), count("--runs", 5) as usize),
         Some("kafka") => kafka::kafka(
             num("--events", 200_000),
-            num("--sensors", 10_000) as u32,
-            num("--runs", 3) as usize,
-            num("--restore-keys", 100_000) as u32,
+            small(count("--sensors", 10_000), "--sensors"),
+            count("--runs", 3) as usize,
+            small(num("--restore-keys", 100_000), "--restore-keys"),
             args.iter().any(|a| a == "--partition-workers").then(|| num("--partition-workers", 0) as usize),
         ),
         // A child process of `throughput`: one run, one JSON line on stdout.
@@ -120,6 +142,9 @@ fn usage(problem: &str) -> ! {
     eprintln!("       bench one floor|native|wasm|wasm-v2 FILE [--batch-events B]   (one run, one JSON line)");
     std::process::exit(if problem.is_empty() { 0 } else { 2 });
 }
+
+/// The configurations `throughput` and `one` run.
+const CONFIGS: [&str; 4] = ["floor", "native", "wasm", "wasm-v2"];
 
 fn data_dir() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("target").join("bench-data");
@@ -332,7 +357,7 @@ fn one(config: &str, input: &Path, batch_events: usize) {
             let summary = pipeline.run(&mut |_| {}).unwrap_or_else(|e| fail(&format!("the run failed: {e}")));
             (summary.run.records, summary.stages)
         }
-        other => usage(&format!("no config {other:?} (floor, native, wasm or wasm-v2)")),
+        other => usage(&format!("no config {other:?} ({})", CONFIGS.join(", "))),
     };
     let secs = (clock.monotonic_ns() - started) as f64 / 1e9;
     let ms = |ns: u64| ns as f64 / 1e6;
