@@ -473,6 +473,28 @@ mod tests {
     }
 
     #[test]
+    fn a_rust_project_builds_its_plugin_with_the_repositorys_guest_flags() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("checkout").to_owned();
+        let project = NewProject {
+            name: "demo".into(),
+            language: Language::Rust,
+            dir: dir.path().join("demo"),
+            sdk: sdk.clone(),
+        };
+        let files = create(&project).expect("created");
+        assert!(files.contains(&".cargo/config.toml".to_owned()), "{files:?}");
+        let rustflags = |path: &Path| -> toml::Value {
+            let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let config: toml::Table = toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            config["target"]["wasm32-wasip2"]["rustflags"].clone()
+        };
+        let ours = rustflags(&sdk.join(".cargo/config.toml"));
+        assert_eq!(rustflags(&project.dir.join(".cargo/config.toml")), ours);
+        assert!(ours.to_string().contains("inline-threshold"), "{ours}");
+    }
+
+    #[test]
     fn refuses_a_checkout_without_the_sdk() {
         let dir = tempfile::tempdir().expect("temp dir");
         let project = NewProject {
