@@ -85,7 +85,7 @@ fn main() {
             let configs = flag("--configs", "floor,native,wasm");
             let configs: Vec<&str> = configs.split(',').collect();
             if let Some(other) = configs.iter().find(|c| !CONFIGS.contains(c)) {
-                usage(&format!("no config {other:?} (floor, native, wasm or wasm-v2)"));
+                usage(&format!("no config {other:?} ({})", CONFIGS.join(", ")));
             }
             let sensors = list("--sensors", "10000");
             if sensors.iter().any(|&s| s == 0 || u32::try_from(s).is_err()) {
@@ -113,7 +113,7 @@ fn main() {
         Some("one") if args.len() >= 3 && !args[2].starts_with("--") => {
             one(&args[1], Path::new(&args[2]), num("--batch-events", 0) as usize)
         }
-        Some("one") => usage("one takes a config (floor, native, wasm or wasm-v2) and an input file"),
+        Some("one") => usage(&format!("one takes a config ({}) and an input file", CONFIGS.join(", "))),
         Some("-h" | "--help" | "help") => usage(""),
         Some(other) => usage(&format!("no scenario {other:?}")),
         None => usage("which scenario?"),
