@@ -48,13 +48,18 @@ impl Page {
     /// The record of `key` in an encoded page, found by binary search over the page's
     /// offset table, decoding that record only: the read path of a key not in memory.
     pub fn lookup(bytes: &[u8], key: &str) -> Result<Option<KeyRecord>, DecodeError> {
+        Self::lookup_raw(bytes, key)?.map(|record| codec::decode("page record", record)).transpose()
+    }
+
+    /// The encoded record of `key` in an encoded page, as [`Page::lookup`] finds it.
+    pub fn lookup_raw<'a>(bytes: &'a [u8], key: &str) -> Result<Option<&'a [u8]>, DecodeError> {
         let view = View::new(bytes)?;
         let i = view.first_at_or_above(key.as_bytes())?;
         if i == view.count {
             return Ok(None);
         }
         match view.raw_entry(i)? {
-            (found, record) if found == key.as_bytes() => Ok(Some(codec::decode("page record", record)?)),
+            (found, record) if found == key.as_bytes() => Ok(Some(record)),
             _ => Ok(None),
         }
     }

@@ -23,7 +23,9 @@ use crate::plugin::{CallError, CallOutcome, CallRequest, Event, PluginError, Run
 use crate::prepare::{Prepared, Preparer, RAMP_RECORDS_MIN, Request};
 use crate::sink::{Sink, SinkError, Sinks};
 use crate::source::{Source, SourceError};
-use crate::store::{BatchPlan, Checkpoint, Counters, KeyChange, KeyRecord, PipelineIdentity, Store, StoreError};
+use crate::store::{
+    BatchPlan, Checkpoint, Counters, KeyChange, KeyRecord, PipelineIdentity, Store, StoreError, StoredAhead,
+};
 
 /// The time field a state dir records when event time is the Kafka timestamp, so that
 /// a state dir made with `--kafka-timestamp` refuses a run with `--time-field`, and
@@ -415,7 +417,7 @@ impl Pipeline {
         if config.kafka_timestamp {
             decoder = decoder.with_kafka_timestamp();
         }
-        let input = Preparer::new(source, decoder, clock.clone())?;
+        let input = Preparer::new(source, decoder, clock.clone(), store.page_reader())?;
         Ok(Self {
             run_first_batch_id: checkpoint.next_batch_id,
             spare: Spare::default(),
@@ -629,6 +631,7 @@ impl Pipeline {
                     bytes_max: u64::MAX,
                     keys_max: usize::MAX,
                     wait: Duration::ZERO,
+                    read_stored: self.swaps.state_api() == 1,
                 })?;
                 return self.run_plan(plan, prepared, true).map(Some);
             }
@@ -683,6 +686,7 @@ impl Pipeline {
             bytes_max: self.config.batch_bytes_max,
             keys_max: if self.input.is_seekable() { self.config.batch_keys_max } else { usize::MAX },
             wait: Duration::from_millis(self.config.trigger_interval_ms),
+            read_stored: self.swaps.state_api() == 1,
         }
     }
 
@@ -856,7 +860,7 @@ impl Pipeline {
         let mut events: Vec<Event<'_>> = relabel(std::mem::take(&mut self.spare.events));
         events.extend(groups.events());
         let calls = groups.ranges().map(|(key, range)| (key, &events[range], None));
-        let called = self.call_listed(batch, calls, groups.key_order());
+        let called = self.call_listed(batch, calls, groups.key_order(), Some(&prepared.stored));
         self.spare.events = relabel(events);
         called?;
         let Some(threshold) = self.timeout_threshold(batch.plan.watermark_ms, batch.plan.processing_time_ms) else {
@@ -873,22 +877,25 @@ impl Pipeline {
             expired.into_iter().filter(|(_, k)| !data_keys.contains(k.as_str())).take(limit).collect();
         batch.changes.reserve(expired.len());
         batch.timeout_keys += expired.len() as u64;
-        self.call_listed(batch, expired.iter().map(|(deadline, key)| (key.as_str(), &[][..], Some(*deadline))), None)
+        let calls = expired.iter().map(|(deadline, key)| (key.as_str(), &[][..], Some(*deadline)));
+        self.call_listed(batch, calls, None, None)
     }
 
     /// Lists `calls` in the spare call vector, loads their keys' records, and runs
     /// [`Pipeline::call_keys`], timed as a run (also when a call failed the batch: its
     /// stage times include the attempt). `key_order` numbers the calls in the order of
-    /// their keys, if the caller has it (see `Store::get_many`).
+    /// their keys, and `stored` has their stored records read ahead, if the caller has
+    /// them (see `Store::get_many`).
     fn call_listed<'a>(
         &mut self,
         batch: &mut Batch,
         calls: impl Iterator<Item = Call<'a>>,
         key_order: Option<&[u32]>,
+        stored: Option<&StoredAhead>,
     ) -> Result<(), Error> {
         let mut listed: Vec<Call<'_>> = relabel(std::mem::take(&mut self.spare.calls));
         listed.extend(calls);
-        let called = self.load(listed.iter().map(|&(key, _, _)| key), key_order).and_then(|loaded| {
+        let called = self.load(listed.iter().map(|&(key, _, _)| key), key_order, stored).and_then(|loaded| {
             let started = self.calls_started();
             let called = self.call_keys(batch, &listed, loaded);
             self.calls_done(started);
@@ -950,13 +957,14 @@ impl Pipeline {
         &mut self,
         keys: impl Iterator<Item = &'k str>,
         key_order: Option<&[u32]>,
+        stored: Option<&StoredAhead>,
     ) -> Result<Vec<Option<KeyRecord>>, Error> {
         let started = self.clock.monotonic_ns();
         let mut asked: Vec<&str> = relabel(std::mem::take(&mut self.spare.keys));
         asked.extend(keys);
         let mut loaded = std::mem::take(&mut self.spare.loaded);
         debug_assert!(loaded.is_empty(), "call_keys empties the loaded records it keeps");
-        let result = self.store.get_many(&asked, key_order, &mut loaded);
+        let result = self.store.get_many(&asked, key_order, stored, &mut loaded);
         self.spare.keys = relabel(asked);
         self.stages.state_load_ns += self.since(started);
         result?;

@@ -20,6 +20,7 @@ use crate::decode::Decoder;
 use crate::groups::KeyNumber;
 pub(crate) use crate::groups::{Groups, Scratch};
 use crate::source::{Rotation, Source, SourceError};
+use crate::store::{PageReader, StoredAhead};
 
 /// What to prepare.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +49,9 @@ pub(crate) struct Request {
     pub keys_max: usize,
     /// How long stdin may wait for a first line.
     pub wait: Duration,
+    /// Read the stored records of the batch's keys ahead too (a file input's batches
+    /// for a 0.1 plugin, which `Store::get_many` loads them for).
+    pub read_stored: bool,
 }
 
 /// A prepared batch.
@@ -75,7 +79,11 @@ pub(crate) struct Prepared {
     pub input_digest: u32,
     /// The followed input file was read to its end and then found rotated.
     pub input_rotation: Option<Rotation>,
-    /// Time spent reading lines and decoding and grouping them, in nanoseconds.
+    /// The records sled held for the groups' keys, read ahead (see
+    /// [`Request::read_stored`]; empty otherwise).
+    pub stored: StoredAhead,
+    /// Time spent reading lines, decoding and grouping them and reading their keys'
+    /// stored records, in nanoseconds.
     pub read_decode_ns: u64,
 }
 
@@ -103,15 +111,18 @@ const LINES_BETWEEN_IDLE: u64 = 4096;
 /// The most keys a batch reserves room for up front (`batch_keys_max` may be far more).
 const KEYS_RESERVED_MAX: usize = 1 << 16;
 
-/// Reads and prepares one batch from `source` into `groups` (emptied first: the memory
+/// Reads and prepares one batch from `source` into `spare` (emptied first: the memory
 /// of a batch done with), calling `idle` every few thousand lines (the input thread
-/// takes back recycled batches there).
+/// takes back recycled batches there), and reads its keys' stored records with `pages`
+/// when the request asks for them.
+#[allow(clippy::too_many_arguments)]
 fn prepare(
     source: &mut Source,
     decoder: &Decoder,
     clock: &dyn Clock,
     req: &Request,
-    mut groups: Groups,
+    spare: Spare,
+    pages: Option<&PageReader>,
     scratch: &mut Scratch,
     idle: &mut dyn FnMut(),
 ) -> Result<Prepared, SourceError> {
@@ -120,8 +131,10 @@ fn prepare(
     if source.offset() != req.start_offset || (req.start_offset == 0 && source.rotation().is_some()) {
         source.rewind_to(req.start_offset)?;
     }
+    let Spare { mut groups, mut stored } = spare;
     groups.clear();
-    let mut out = Prepared { groups, ..Prepared::default() };
+    stored.clear();
+    let mut out = Prepared { groups, stored, ..Prepared::default() };
     // Room for the whole batch at once: a batch over many keys used to grow its groups
     // by doubling, copying as it went (a fifth of the input thread's time at a million
     // keys).
@@ -211,6 +224,14 @@ fn prepare(
         Ok(true)
     })?;
     out.groups.finish(scratch);
+    if let Some(pages) = pages.filter(|_| req.read_stored) {
+        let keys: Vec<&str> = out.groups.keys().collect();
+        // A failed read leaves the records to the batch loop, which reads them itself
+        // and reports the error.
+        if pages.read(&keys, out.groups.key_order(), &mut out.stored).is_err() {
+            out.stored.clear();
+        }
+    }
     if let Some(offset) = cut {
         source.rewind_to(offset)?;
     }
@@ -240,8 +261,10 @@ impl Prepared {
         if self.max_event_time_ms.is_none_or(|t| t <= bound) {
             return;
         }
-        let Self { groups, bad_lines, max_event_time_ms, .. } = self;
+        let Self { groups, bad_lines, max_event_time_ms, stored, .. } = self;
         *max_event_time_ms = None;
+        // The records read ahead are numbered as the keys were.
+        stored.clear();
         groups.retain(|key, event| match event.event_time_ms {
             Some(t) if t > bound => {
                 bad_lines.push(
@@ -281,6 +304,19 @@ fn bad_record(batch_id: u64, offset: u64, reason: &str, line: Option<&str>) -> S
 
 type Reply = Result<Prepared, SourceError>;
 
+/// The memory of a batch done with, which the next one is read into.
+#[derive(Debug, Default)]
+struct Spare {
+    groups: Groups,
+    stored: StoredAhead,
+}
+
+impl From<Prepared> for Spare {
+    fn from(done: Prepared) -> Self {
+        Self { groups: done.groups, stored: done.stored }
+    }
+}
+
 /// Prepares batches: on a thread of its own, one batch ahead, for a file; in line for
 /// stdin.
 pub(crate) enum Preparer {
@@ -310,8 +346,14 @@ impl std::fmt::Debug for Preparer {
 }
 
 impl Preparer {
-    /// A preparer for `source`: a thread of its own for a seekable input.
-    pub fn new(source: Source, decoder: Decoder, clock: Arc<dyn Clock>) -> Result<Self, SourceError> {
+    /// A preparer for `source`: a thread of its own for a seekable input, which reads
+    /// the stored records of each batch's keys with `pages` too when asked.
+    pub fn new(
+        source: Source,
+        decoder: Decoder,
+        clock: Arc<dyn Clock>,
+        pages: PageReader,
+    ) -> Result<Self, SourceError> {
         if !source.is_seekable() {
             return Ok(Self::InLine { source, decoder, clock, scratch: Box::default() });
         }
@@ -326,19 +368,19 @@ impl Preparer {
                 // Recycled batches are taken back before each request and every few
                 // thousand lines: the last one's groups are filled again by the next
                 // request, the others freed.
-                let (mut spare, mut scratch) = (Groups::default(), Scratch::default());
+                let (mut spare, mut scratch) = (Spare::default(), Scratch::default());
                 for req in requests_rx {
-                    let take_recycled = |spare: &mut Groups| {
+                    let take_recycled = |spare: &mut Spare| {
                         if let Some(done) = recycled_rx.try_iter().last() {
-                            *spare = done.groups;
+                            *spare = done.into();
                         }
                     };
                     take_recycled(&mut spare);
-                    let groups = std::mem::take(&mut spare);
-                    let prepared =
-                        prepare(&mut source, &decoder, clock.as_ref(), &req, groups, &mut scratch, &mut || {
-                            take_recycled(&mut spare)
-                        });
+                    let batch = std::mem::take(&mut spare);
+                    let (clock, pages) = (clock.as_ref(), Some(&pages));
+                    let prepared = prepare(&mut source, &decoder, clock, &req, batch, pages, &mut scratch, &mut || {
+                        take_recycled(&mut spare)
+                    });
                     if replies_tx.send(prepared).is_err() {
                         return;
                     }
@@ -377,7 +419,7 @@ impl Preparer {
     pub fn get(&mut self, req: Request) -> Result<Prepared, SourceError> {
         match self {
             Self::InLine { source, decoder, clock, scratch } => {
-                prepare(source, decoder, clock.as_ref(), &req, Groups::default(), scratch, &mut || {})
+                prepare(source, decoder, clock.as_ref(), &req, Spare::default(), None, scratch, &mut || {})
             }
             Self::Ahead { requests, replies, outstanding, .. } => {
                 let gone = || {
@@ -414,6 +456,7 @@ mod tests {
             bytes_max: u64::MAX,
             keys_max: 2,
             wait: Duration::ZERO,
+            read_stored: true,
         }
     }
 
@@ -451,7 +494,9 @@ mod tests {
         std::fs::write(&path, lines.join("\n") + "\n").unwrap();
         let offset = |i: usize| lines[..i].iter().map(|l| l.len() as u64 + 1).sum::<u64>();
         let source = Source::open_file(&path, 0, 0, 1 << 10, false).unwrap();
-        let mut input = Preparer::new(source, Decoder::new("k", Some("t")), Arc::new(SystemClock)).unwrap();
+        let store = crate::store::Store::open(&dir.path().join("store"), 1 << 20, 1 << 20, 1 << 20).unwrap();
+        let pages = store.page_reader();
+        let mut input = Preparer::new(source, Decoder::new("k", Some("t")), Arc::new(SystemClock), pages).unwrap();
 
         // Batch 0: three records, two keys.
         let first = input.get(request(0, 0)).unwrap();

@@ -39,6 +39,7 @@
 use std::collections::{BTreeSet, BinaryHeap};
 use std::iter::Peekable;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
@@ -253,6 +254,9 @@ pub struct Store {
     /// Why the store refuses every call: a commit failed after its changes went into
     /// the overlay (see [`Store::commit`]).
     unusable: Option<String>,
+    /// How many overlays were retired (folded, then no longer read): the records a
+    /// [`PageReader`] read are good while this has not moved.
+    retired: Arc<AtomicU64>,
 }
 
 /// The records of a commit's changes, encoded one after the other.
@@ -493,6 +497,119 @@ impl StoreReader {
     }
 }
 
+/// Reads the records sled holds for a batch's keys ahead of the batch: on the input
+/// thread, while the batch before it runs (see [`Store::page_reader`]). A batch over a
+/// million keys touches every page of the store, and that walk was a third of the
+/// batch loop's time.
+#[derive(Clone)]
+pub struct PageReader {
+    tree: sled::Tree,
+    pages: Arc<Mutex<()>>,
+    retired: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for PageReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PageReader").finish_non_exhaustive()
+    }
+}
+
+/// The most record bytes [`PageReader::read`] holds for a batch: the keys after it are
+/// read by [`Store::get_many`] itself.
+const STORED_AHEAD_BYTES_MAX: usize = 16 << 20;
+
+impl PageReader {
+    /// Reads into `into` (emptied first) the records sled holds for `keys`, whether or
+    /// not an overlay holds them too; `order` as for [`Store::get_many`], which takes
+    /// them. sled alone is read, with no overlay: what a commit meanwhile puts in the
+    /// overlay is found there first, and what a fold meanwhile writes into sled comes
+    /// from an overlay that `get_many` either still reads or, once it retired, refuses
+    /// these records for.
+    pub fn read(&self, keys: &[&str], order: Option<&[u32]>, into: &mut StoredAhead) -> Result<()> {
+        into.clear();
+        // Before any page is read: a fold that retires its overlay after this may have
+        // written pages the walk read before.
+        into.read_at = Some((Arc::clone(&self.retired), self.retired.load(Ordering::Acquire)));
+        into.spans.resize(keys.len(), Span::Unread);
+        let all = in_key_order(keys, (0..keys.len()).collect(), order);
+        let _walk = self.pages.lock().unwrap_or_else(PoisonError::into_inner);
+        let StoredAhead { bytes, spans, .. } = into;
+        walk_pages(&self.tree, keys, &all, spans, |span, i, page| {
+            *span = match page.map(|page| Page::lookup_raw(page, keys[i])).transpose()?.flatten() {
+                Some(record) => {
+                    let start = bytes.len();
+                    bytes.extend_from_slice(record);
+                    // A record is at most `state_bytes_max` (1 GiB at most) and the
+                    // bytes stop growing past `STORED_AHEAD_BYTES_MAX`.
+                    Span::At(start as u32, bytes.len() as u32)
+                }
+                None => Span::Absent,
+            };
+            Ok(bytes.len() < STORED_AHEAD_BYTES_MAX)
+        })
+    }
+}
+
+/// What sled held for a batch's keys, read ahead of the batch ([`PageReader::read`]).
+#[derive(Debug, Default)]
+pub struct StoredAhead {
+    /// The store's count of retired overlays when the pages were read, and the count.
+    read_at: Option<(Arc<AtomicU64>, u64)>,
+    /// The records found, encoded, one after the other.
+    bytes: Vec<u8>,
+    /// For each key, in the order given, its record in `bytes` or why it has none.
+    spans: Vec<Span>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Span {
+    /// Not read (past [`STORED_AHEAD_BYTES_MAX`]).
+    Unread,
+    /// sled has no record of the key.
+    Absent,
+    /// The record's range in [`StoredAhead::bytes`].
+    At(u32, u32),
+}
+
+/// A key's record in a [`StoredAhead`].
+enum Ahead<'a> {
+    Unread,
+    Absent,
+    Found(&'a [u8]),
+}
+
+impl StoredAhead {
+    /// Forgets what was read (its memory is kept for the next batch).
+    pub fn clear(&mut self) {
+        self.read_at = None;
+        self.bytes.clear();
+        self.spans.clear();
+    }
+
+    /// Whether the records were read from the store that counts its retired overlays in
+    /// `retired`, and no overlay retired since: until one does, a key that no overlay
+    /// holds has in sled the record it had then.
+    fn is_current(&self, retired: &Arc<AtomicU64>) -> bool {
+        self.read_at
+            .as_ref()
+            .is_some_and(|(counter, at)| Arc::ptr_eq(counter, retired) && retired.load(Ordering::Acquire) == *at)
+    }
+
+    /// The `i`th key's record.
+    fn record(&self, i: usize) -> Ahead<'_> {
+        self.get(i).unwrap_or(Ahead::Unread)
+    }
+
+    /// The `i`th key's record, if there are `i` keys.
+    fn get(&self, i: usize) -> Option<Ahead<'_>> {
+        Some(match *self.spans.get(i)? {
+            Span::Unread => Ahead::Unread,
+            Span::Absent => Ahead::Absent,
+            Span::At(start, end) => Ahead::Found(&self.bytes[start as usize..end as usize]),
+        })
+    }
+}
+
 impl Drop for Store {
     /// A fold on its own thread is waited for, so that the next open finds sled and
     /// the logs as that fold left them; what it returns the next open would find too.
@@ -717,6 +834,7 @@ impl Store {
             fail_next_fold: false.into(),
             encoded: EncodedRecords::default(),
             unusable: None,
+            retired: Arc::default(),
         };
         store.fold()?;
         Ok(store)
@@ -806,6 +924,16 @@ impl Store {
         })
     }
 
+    /// A reader of the records sled holds for a batch's keys, for the input thread to
+    /// read ahead ([`PageReader`]).
+    pub fn page_reader(&self) -> PageReader {
+        PageReader {
+            tree: self.folder.tree.clone(),
+            pages: self.folder.pages.clone(),
+            retired: Arc::clone(&self.retired),
+        }
+    }
+
     /// An error once a commit failed after its changes went into the overlay (see
     /// [`Store::commit`]): every call that reads, folds or writes refuses then.
     fn usable(&self) -> Result<()> {
@@ -835,7 +963,7 @@ impl Store {
     /// Loads a key's committed record.
     pub fn get(&self, key: &str) -> Result<Option<KeyRecord>> {
         let mut out = Vec::with_capacity(1);
-        self.get_many(&[key], None, &mut out)?;
+        self.get_many(&[key], None, None, &mut out)?;
         Ok(out.pop().flatten())
     }
 
@@ -846,9 +974,18 @@ impl Store {
     /// of its keys: a batch over a million keys touches each page once, not once per
     /// key. `order`, when the caller has it, numbers `keys` in key order (a batch's
     /// groups come with theirs, sorted on the input thread); without it, or when it is
-    /// not that order, the keys are sorted here.
-    pub fn get_many(&self, keys: &[&str], order: Option<&[u32]>, out: &mut Vec<Option<KeyRecord>>) -> Result<()> {
+    /// not that order, the keys are sorted here. `ahead`, the records sled held for
+    /// `keys` read ahead on the input thread ([`PageReader::read`]), answers for the
+    /// keys not in the overlays when no overlay was retired since it was read.
+    pub fn get_many(
+        &self,
+        keys: &[&str],
+        order: Option<&[u32]>,
+        ahead: Option<&StoredAhead>,
+        out: &mut Vec<Option<KeyRecord>>,
+    ) -> Result<()> {
         self.usable()?;
+        let ahead = ahead.filter(|a| a.is_current(&self.retired) && a.spans.len() == keys.len());
         let base = out.len();
         out.resize(base + keys.len(), None);
         let out = &mut out[base..];
@@ -859,37 +996,28 @@ impl Store {
             if let Some(folding) = &self.folding {
                 folding.prefetch_ahead(&hashes, i);
             }
-            match self.buffered_record_hashed(key, hashes[i]) {
-                Some(record) => out[i] = record.map(|bytes| codec::decode("overlay record", bytes)).transpose()?,
-                None => stored.push(i),
+            if let Some(Ahead::Found(bytes)) = ahead.and_then(|a| a.get(i + OUT_OF_ORDER_AHEAD)) {
+                crate::prefetch::prefetch(&bytes[0]);
             }
+            match (self.buffered_record_hashed(key, hashes[i]), ahead.map(|a| a.record(i))) {
+                (Some(record), _) => out[i] = record.map(|bytes| codec::decode("overlay record", bytes)).transpose()?,
+                (None, Some(Ahead::Found(bytes))) => out[i] = Some(codec::decode("page record", bytes)?),
+                (None, Some(Ahead::Absent)) => {}
+                (None, Some(Ahead::Unread) | None) => stored.push(i),
+            }
+        }
+        if stored.is_empty() {
+            return Ok(());
         }
         let stored = in_key_order(keys, stored, order);
         // A fold applies no chunk during the walk (see `Folder::pages`).
         let _walk = self.folder.pages.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut pages = PageCursor::new(&self.folder.tree);
-        for (j, &i) in stored.iter().enumerate() {
-            // The walk meets the keys in key order, their slots in `out`, their `&str`
-            // in `keys` and their bytes in no order at all: the `&str` is asked for
-            // twice as far ahead as the bytes it points to, so that reading it there
-            // does not wait (at 10M events over 1M keys, loads took about 5% less).
-            if let Some(&farther) = stored.get(j + 2 * OUT_OF_ORDER_AHEAD) {
-                crate::prefetch::prefetch(&keys[farther]);
+        walk_pages(&self.folder.tree, keys, &stored, out, |slot, i, page| {
+            if let Some(page) = page {
+                *slot = Page::lookup(page, keys[i])?;
             }
-            if let Some(&ahead) = stored.get(j + OUT_OF_ORDER_AHEAD) {
-                crate::prefetch::prefetch(&out[ahead]);
-                if let Some(byte) = keys[ahead].as_bytes().first() {
-                    crate::prefetch::prefetch(byte);
-                }
-            }
-            let key = keys[i];
-            match pages.page_of(key)? {
-                Some((_, bytes)) => out[i] = Page::lookup(bytes, key)?,
-                // No page above this key, so none above the later ones either.
-                None => break,
-            }
-        }
-        Ok(())
+            Ok(true)
+        })
     }
 
     /// Up to `limit` timers with a deadline strictly below `threshold_ms`, in
@@ -1050,7 +1178,7 @@ impl Store {
         match thread.join() {
             Ok(Ok(true)) => {
                 if let Some(folded) = self.folding.take() {
-                    self.recycle(folded);
+                    self.retire(folded);
                 }
                 Ok(())
             }
@@ -1107,7 +1235,7 @@ impl Store {
             redo::remove(&folding_log)?;
             self.log.clear()?;
             let folded = std::mem::take(&mut self.overlay);
-            self.recycle(folded);
+            self.retire(folded);
             self.overlay = self.fresh_overlay();
         }
         Ok(())
@@ -1126,6 +1254,13 @@ impl Store {
     /// The arena a new overlay reserves: the buffer, up to [`OVERLAY_RESERVED_MAX`].
     fn overlay_room(&self) -> usize {
         usize::try_from(self.buffer_bytes.min(OVERLAY_RESERVED_MAX)).unwrap_or(0)
+    }
+
+    /// Stops reading a folded overlay (sled has its records now), counting it for the
+    /// [`PageReader`]s' records read before, and keeps its memory for the next one.
+    fn retire(&mut self, folded: Arc<Overlay>) {
+        self.retired.fetch_add(1, Ordering::Release);
+        self.recycle(folded);
     }
 
     /// Keeps a folded overlay's memory for the next one, unless a reader still holds it
@@ -1384,6 +1519,40 @@ struct PageCursor<'t> {
 /// its place in the answer (at 10M events over 1M keys, loads took about 1.5% less).
 const OUT_OF_ORDER_AHEAD: usize = 8;
 
+/// Walks the pages of the keys numbered `stored` (in key order) of `keys`, calling
+/// `found` with each key's answer in `slots` (numbered as `keys`), its number and the
+/// page whose range holds it (`None` when no page does: the store is empty), until
+/// `found` returns false. The caller holds `Folder::pages`.
+fn walk_pages<T>(
+    tree: &sled::Tree,
+    keys: &[&str],
+    stored: &[usize],
+    slots: &mut [T],
+    mut found: impl FnMut(&mut T, usize, Option<&[u8]>) -> Result<bool>,
+) -> Result<()> {
+    let mut pages = PageCursor::new(tree);
+    for (j, &i) in stored.iter().enumerate() {
+        // The walk meets the keys in key order, their slots, their `&str` in `keys`
+        // and their bytes in no order at all: the `&str` is asked for twice as far
+        // ahead as the bytes it points to, so that reading it there does not wait (at
+        // 10M events over 1M keys, loads took about 5% less).
+        if let Some(&farther) = stored.get(j + 2 * OUT_OF_ORDER_AHEAD) {
+            crate::prefetch::prefetch(&keys[farther]);
+        }
+        if let Some(&ahead) = stored.get(j + OUT_OF_ORDER_AHEAD) {
+            crate::prefetch::prefetch(&slots[ahead]);
+            if let Some(byte) = keys[ahead].as_bytes().first() {
+                crate::prefetch::prefetch(byte);
+            }
+        }
+        let page = pages.page_of(keys[i])?.map(|(_, bytes)| &bytes[..]);
+        if !found(&mut slots[i], i, page)? {
+            break;
+        }
+    }
+    Ok(())
+}
+
 /// Pages a [`PageCursor`] steps over before it searches anew.
 const CURSOR_STEPS_MAX: usize = 8;
 
@@ -1619,7 +1788,7 @@ mod tests {
             };
             refused(store.commit(&batch(b"2"), &checkpoint(2), true));
             refused(store.get(&keys[1]).map(drop));
-            refused(store.get_many(&[keys[1].as_str()], None, &mut Vec::new()));
+            refused(store.get_many(&[keys[1].as_str()], None, None, &mut Vec::new()));
             refused(store.expired_timers(i64::MAX, 10).map(drop));
             refused(store.reader().map(drop));
             refused(store.iter_keys().next().expect("an error first").map(drop));
@@ -1638,6 +1807,52 @@ mod tests {
             assert_eq!(store.get(key).unwrap(), rec(Some(b"1"), Some(7)), "{key}");
         }
         store.check_consistency().unwrap();
+    }
+
+    /// Records read ahead answer for the keys no overlay holds while no overlay has
+    /// retired since; a key a later commit changed comes from the overlay; once a fold
+    /// retires an overlay, whose keys sled then has anew, they are not used.
+    #[test]
+    fn records_read_ahead_are_used_until_an_overlay_retires() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path(), 1 << 20, 64 << 20, 64 << 20).unwrap();
+        let put = |store: &mut Store, batch: u64, key: &str, value: &[u8]| {
+            let change = KeyChange { key: key.into(), before: None, after: rec(Some(value), None) };
+            store.commit(&[change], &Checkpoint { next_batch_id: batch, ..Checkpoint::default() }, false).unwrap();
+        };
+        put(&mut store, 1, "a", b"a1");
+        put(&mut store, 2, "b", b"b1");
+        store.flush().unwrap();
+        let keys = ["b", "none", "a"];
+        let mut ahead = StoredAhead::default();
+        store.page_reader().read(&keys, None, &mut ahead).unwrap();
+        let get = |store: &Store, ahead: &StoredAhead| {
+            let mut got = Vec::new();
+            store.get_many(&keys, None, Some(ahead), &mut got).unwrap();
+            got
+        };
+        assert_eq!(get(&store, &ahead), vec![rec(Some(b"b1"), None), None, rec(Some(b"a1"), None)]);
+
+        // Used: what was read stands for sled (here made to say "b" has no record).
+        let mut altered = StoredAhead { read_at: ahead.read_at.clone(), ..StoredAhead::default() };
+        altered.spans = vec![Span::Absent, Span::Absent, ahead.spans[2]];
+        altered.bytes.clone_from(&ahead.bytes);
+        assert_eq!(get(&store, &altered), vec![None, None, rec(Some(b"a1"), None)]);
+
+        // A commit after the read: its key comes from the overlay.
+        put(&mut store, 3, "a", b"a2");
+        assert_eq!(get(&store, &altered), vec![None, None, rec(Some(b"a2"), None)]);
+
+        // A fold retires the overlay: sled is read again.
+        store.flush().unwrap();
+        assert_eq!(get(&store, &altered), vec![rec(Some(b"b1"), None), None, rec(Some(b"a2"), None)]);
+
+        // Another store's records are not used either.
+        let other_dir = tempfile::tempdir().unwrap();
+        let other = Store::open(other_dir.path(), 1 << 20, 64 << 20, 64 << 20).unwrap();
+        let mut theirs = StoredAhead::default();
+        other.page_reader().read(&keys, None, &mut theirs).unwrap();
+        assert_eq!(get(&store, &theirs), vec![rec(Some(b"b1"), None), None, rec(Some(b"a2"), None)]);
     }
 
     fn rec(value: Option<&[u8]>, timeout_ms: Option<i64>) -> Option<KeyRecord> {
@@ -2056,8 +2271,22 @@ mod model {
             let mut store = Store::open(dir.path(), 1 << 20, buffer, buffer).unwrap();
             let mut model = Model::default();
             let keys: Vec<String> = (0..40).map(|i| format!("key-{i}")).collect();
+            // Records read ahead (as the input thread does) some steps before they are
+            // used: commits, folds and reboots come between.
+            let mut ahead: Option<(Vec<&str>, StoredAhead)> = None;
             for step in 0..1500 {
                 let context = format!("seed {seed} step {step}");
+                if step % 100 == 50 {
+                    let mut asked: Vec<&str> =
+                        keys.iter().map(String::as_str).filter(|_| rng.range(0, 2) == 0).collect();
+                    asked.extend(["", "key-", "zzz"]);
+                    for i in (1..asked.len()).rev() {
+                        asked.swap(i, rng.range(0, i as i64 + 1) as usize);
+                    }
+                    let mut stored = StoredAhead::default();
+                    store.page_reader().read(&asked, None, &mut stored).unwrap();
+                    ahead = Some((asked, stored));
+                }
                 match rng.range(0, 100) {
                     // Change a key (update, remove, set or clear its timer).
                     0..=59 => {
@@ -2116,7 +2345,7 @@ mod model {
                     let want: Vec<Option<KeyRecord>> = asked.iter().map(|k| model.committed.get(*k).cloned()).collect();
                     // Appended after what `out` held.
                     let mut got = vec![None];
-                    store.get_many(&asked, None, &mut got).unwrap();
+                    store.get_many(&asked, None, None, &mut got).unwrap();
                     assert_eq!(got.split_off(1), want, "{context}");
                     // With the keys' order given, and with a wrong one, which must not
                     // lose a record.
@@ -2124,8 +2353,15 @@ mod model {
                     order.sort_by_key(|&i| asked[i as usize]);
                     for (order, how) in [(order.clone(), "in order"), (order.into_iter().rev().collect(), "reversed")] {
                         let mut got = Vec::new();
-                        store.get_many(&asked, Some(&order), &mut got).unwrap();
+                        store.get_many(&asked, Some(&order), None, &mut got).unwrap();
                         assert_eq!(got, want, "{context}, {how}");
+                    }
+                    if let Some((asked, stored)) = ahead.take() {
+                        let want: Vec<Option<KeyRecord>> =
+                            asked.iter().map(|k| model.committed.get(*k).cloned()).collect();
+                        let mut got = Vec::new();
+                        store.get_many(&asked, None, Some(&stored), &mut got).unwrap();
+                        assert_eq!(got, want, "{context}, read ahead");
                     }
                     // The merged views (sled and the unfolded commits) as well.
                     store.check_consistency().unwrap_or_else(|e| panic!("{context}: {e}"));
