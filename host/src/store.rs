@@ -257,6 +257,10 @@ pub struct Store {
     /// How many overlays were retired (folded, then no longer read): the records a
     /// [`PageReader`] read are good while this has not moved.
     retired: Arc<AtomicU64>,
+    /// The overlay retired last, until the batch after its retirement has loaded its
+    /// records (the next [`Store::fold_if_due`]): that batch's keys were read ahead
+    /// before it, and for those it holds, it has what sled has now.
+    retired_last: Option<Arc<Overlay>>,
 }
 
 /// The records of a commit's changes, encoded one after the other.
@@ -586,13 +590,12 @@ impl StoredAhead {
         self.spans.clear();
     }
 
-    /// Whether the records were read from the store that counts its retired overlays in
-    /// `retired`, and no overlay retired since: until one does, a key that no overlay
-    /// holds has in sled the record it had then.
-    fn is_current(&self, retired: &Arc<AtomicU64>) -> bool {
-        self.read_at
-            .as_ref()
-            .is_some_and(|(counter, at)| Arc::ptr_eq(counter, retired) && retired.load(Ordering::Acquire) == *at)
+    /// How many overlays retired since the records were read, if they were read from
+    /// the store that counts its retired overlays in `retired`. Until one retires, a
+    /// key that no overlay holds has in sled the record it had then.
+    fn age(&self, retired: &Arc<AtomicU64>) -> Option<u64> {
+        let (counter, at) = self.read_at.as_ref().filter(|(counter, _)| Arc::ptr_eq(counter, retired))?;
+        Some(counter.load(Ordering::Acquire).saturating_sub(*at))
     }
 
     /// The `i`th key's record.
@@ -835,6 +838,7 @@ impl Store {
             encoded: EncodedRecords::default(),
             unusable: None,
             retired: Arc::default(),
+            retired_last: None,
         };
         store.fold()?;
         Ok(store)
@@ -976,7 +980,8 @@ impl Store {
     /// groups come with theirs, sorted on the input thread); without it, or when it is
     /// not that order, the keys are sorted here. `ahead`, the records sled held for
     /// `keys` read ahead on the input thread ([`PageReader::read`]), answers for the
-    /// keys not in the overlays when no overlay was retired since it was read.
+    /// keys not in the overlays when no overlay retired since it was read, or one that
+    /// is still kept (`retired_last`), which answers for its keys.
     pub fn get_many(
         &self,
         keys: &[&str],
@@ -985,7 +990,12 @@ impl Store {
         out: &mut Vec<Option<KeyRecord>>,
     ) -> Result<()> {
         self.usable()?;
-        let ahead = ahead.filter(|a| a.is_current(&self.retired) && a.spans.len() == keys.len());
+        // Read ahead before the last retirement: that overlay has the keys it holds.
+        let (ahead, since) = match ahead.filter(|a| a.spans.len() == keys.len()).map(|a| (a, a.age(&self.retired))) {
+            Some((ahead, Some(0))) => (Some(ahead), None),
+            Some((ahead, Some(1))) if self.retired_last.is_some() => (Some(ahead), self.retired_last.as_deref()),
+            _ => (None, None),
+        };
         let base = out.len();
         out.resize(base + keys.len(), None);
         let out = &mut out[base..];
@@ -993,13 +1003,14 @@ impl Store {
         let hashes: Vec<u64> = keys.iter().map(|key| crate::overlay::hash(key)).collect();
         for (i, key) in keys.iter().enumerate() {
             self.overlay.prefetch_ahead(&hashes, i);
-            if let Some(folding) = &self.folding {
-                folding.prefetch_ahead(&hashes, i);
+            for overlay in self.folding.as_deref().into_iter().chain(since) {
+                overlay.prefetch_ahead(&hashes, i);
             }
             if let Some(Ahead::Found(bytes)) = ahead.and_then(|a| a.get(i + OUT_OF_ORDER_AHEAD)) {
                 crate::prefetch::prefetch(&bytes[0]);
             }
-            match (self.buffered_record_hashed(key, hashes[i]), ahead.map(|a| a.record(i))) {
+            let buffered = self.buffered_record_hashed(key, hashes[i]).or_else(|| since?.get_hashed(key, hashes[i]));
+            match (buffered, ahead.map(|a| a.record(i))) {
                 (Some(record), _) => out[i] = record.map(|bytes| codec::decode("overlay record", bytes)).transpose()?,
                 (None, Some(Ahead::Found(bytes))) => out[i] = Some(codec::decode("page record", bytes)?),
                 (None, Some(Ahead::Absent)) => {}
@@ -1129,6 +1140,9 @@ impl Store {
     /// replays them.
     pub fn fold_if_due(&mut self) -> Result<()> {
         self.usable()?;
+        if let Some(last) = self.retired_last.take() {
+            self.recycle(last);
+        }
         if self.fold_thread.as_ref().is_some_and(JoinHandle::is_finished) {
             self.settle()?;
         }
@@ -1247,6 +1261,11 @@ impl Store {
     /// faulted in page by page (together a third of the time of applying a commit at a
     /// million keys); the two overlays a background fold needs are held either way.
     fn fresh_overlay(&mut self) -> Arc<Overlay> {
+        if self.spare.is_none()
+            && let Some(last) = self.retired_last.take()
+        {
+            self.recycle(last);
+        }
         let overlay = self.spare.take().unwrap_or_else(|| Overlay::with_arena_capacity(self.overlay_room()));
         Arc::new(overlay)
     }
@@ -1257,10 +1276,13 @@ impl Store {
     }
 
     /// Stops reading a folded overlay (sled has its records now), counting it for the
-    /// [`PageReader`]s' records read before, and keeps its memory for the next one.
+    /// [`PageReader`]s' records read before, and keeps it as `retired_last` (the one
+    /// retired before goes to be recycled).
     fn retire(&mut self, folded: Arc<Overlay>) {
         self.retired.fetch_add(1, Ordering::Release);
-        self.recycle(folded);
+        if let Some(before) = self.retired_last.replace(folded) {
+            self.recycle(before);
+        }
     }
 
     /// Keeps a folded overlay's memory for the next one, unless a reader still holds it
@@ -1810,8 +1832,10 @@ mod tests {
     }
 
     /// Records read ahead answer for the keys no overlay holds while no overlay has
-    /// retired since; a key a later commit changed comes from the overlay; once a fold
-    /// retires an overlay, whose keys sled then has anew, they are not used.
+    /// retired since; a key a later commit changed comes from the overlay. Once a fold
+    /// retires an overlay, whose keys sled then has anew, the records are used for the
+    /// other keys until the next batch, that overlay answering for its own; after
+    /// that, or a second retirement, they are not used.
     #[test]
     fn records_read_ahead_are_used_until_an_overlay_retires() {
         let dir = tempfile::tempdir().unwrap();
@@ -1843,16 +1867,32 @@ mod tests {
         put(&mut store, 3, "a", b"a2");
         assert_eq!(get(&store, &altered), vec![None, None, rec(Some(b"a2"), None)]);
 
-        // A fold retires the overlay: sled is read again.
-        store.flush().unwrap();
+        // A fold on its own thread retires that overlay: "a" comes from it, and the
+        // rest is still read ahead, until the next batch's `fold_if_due`.
+        store.start_fold().unwrap();
+        store.settle().unwrap();
+        assert_eq!(store.retired.load(Ordering::Acquire), ahead.read_at.as_ref().unwrap().1 + 1);
+        assert_eq!(get(&store, &altered), vec![None, None, rec(Some(b"a2"), None)]);
+        store.fold_if_due().unwrap();
         assert_eq!(get(&store, &altered), vec![rec(Some(b"b1"), None), None, rec(Some(b"a2"), None)]);
+
+        // Read again, then two retirements: sled is read again.
+        store.page_reader().read(&keys, None, &mut altered).unwrap();
+        altered.spans[0] = Span::Absent;
+        assert_eq!(get(&store, &altered), vec![None, None, rec(Some(b"a2"), None)]);
+        for (batch, value) in [(4, b"a3"), (5, b"a4")] {
+            put(&mut store, batch, "a", value);
+            store.start_fold().unwrap();
+            store.settle().unwrap();
+        }
+        assert_eq!(get(&store, &altered), vec![rec(Some(b"b1"), None), None, rec(Some(b"a4"), None)]);
 
         // Another store's records are not used either.
         let other_dir = tempfile::tempdir().unwrap();
         let other = Store::open(other_dir.path(), 1 << 20, 64 << 20, 64 << 20).unwrap();
         let mut theirs = StoredAhead::default();
         other.page_reader().read(&keys, None, &mut theirs).unwrap();
-        assert_eq!(get(&store, &theirs), vec![rec(Some(b"b1"), None), None, rec(Some(b"a2"), None)]);
+        assert_eq!(get(&store, &theirs), vec![rec(Some(b"b1"), None), None, rec(Some(b"a4"), None)]);
     }
 
     fn rec(value: Option<&[u8]>, timeout_ms: Option<i64>) -> Option<KeyRecord> {
