@@ -503,7 +503,7 @@ impl StoreReader {
 
 /// Reads the records sled holds for a batch's keys ahead of the batch: on the input
 /// thread, while the batch before it runs (see [`Store::page_reader`]). A batch over a
-/// million keys touches every page of the store, and that walk was a third of the
+/// million keys touches every page of the store, and that walk was a quarter of the
 /// batch loop's time.
 #[derive(Clone)]
 pub struct PageReader {
