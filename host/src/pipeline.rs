@@ -35,9 +35,10 @@ const KAFKA_TIMESTAMP_IDENTITY: &str = "(kafka timestamp)";
 /// Where a run (or one batch) spent its time, in nanoseconds of the monotonic clock.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StageTimes {
-    /// Reading and decoding lines, late-data checks and grouping by key. For a file
-    /// input this runs on a thread of its own, one batch ahead, overlapping the other
-    /// stages.
+    /// Reading and decoding lines, late-data checks and grouping by key (and, for a
+    /// seekable input and a 0.1 plugin, reading the keys' stored records ahead). For
+    /// a seekable input this runs on a thread of its own, one batch ahead, overlapping
+    /// the other stages.
     pub read_decode_ns: u64,
     /// Time the batch loop waited for its batch to be read and decoded.
     pub input_wait_ns: u64,
