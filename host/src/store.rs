@@ -28,7 +28,8 @@
 //! the others to a new page, unchanged). When it is done, `redo.folding.log` is
 //! removed; a crash before leaves both logs, and the next open replays them in order.
 //! One fold runs at a time: a fold due while another runs waits for it, so at most two
-//! overlays are held. At the end of a run ([`Store::flush`]) and when the store opens,
+//! overlays are held, besides the one retired last until the next batch has loaded
+//! (the memory it holds is the one a spare would keep). At the end of a run ([`Store::flush`]) and when the store opens,
 //! after replaying the logs, the fold runs in place.
 //!
 //! Firing timeouts scans the deadline index below the threshold only: the pages whose
@@ -227,7 +228,7 @@ pub struct Store {
     /// place once they are gone (`Arc::make_mut`, which copies only if one is left).
     overlay: Arc<Overlay>,
     /// The overlay a fold on its own thread is writing into sled (reads look here after
-    /// `overlay`, before sled); emptied into `spare` when that fold is done.
+    /// `overlay`, before sled); retired (`retired_last`) when that fold is done.
     folding: Option<Arc<Overlay>>,
     /// A folded overlay, emptied, whose memory the next one takes over (see
     /// [`Store::fresh_overlay`]).
@@ -255,8 +256,12 @@ pub struct Store {
     /// the overlay (see [`Store::commit`]).
     unusable: Option<String>,
     /// How many overlays were retired (folded, then no longer read): the records a
-    /// [`PageReader`] read are good while this has not moved.
+    /// [`PageReader`] read are good while this has not moved, or has moved by one and
+    /// `retired_last` is kept.
     retired: Arc<AtomicU64>,
+    /// sled's tree for the [`PageReader`]s, which hold it weakly: sled stays open
+    /// after the store is dropped only while one reads.
+    read_tree: Arc<sled::Tree>,
     /// The overlay retired last, until the batch after its retirement has loaded its
     /// records (the next [`Store::fold_if_due`]): that batch's keys were read ahead
     /// before it, and for those it holds, it has what sled has now.
@@ -505,9 +510,10 @@ impl StoreReader {
 /// thread, while the batch before it runs (see [`Store::page_reader`]). A batch over a
 /// million keys touches every page of the store, and that walk was a quarter of the
 /// batch loop's time.
+/// It holds sled open only while it reads: once the store is dropped, it reads nothing.
 #[derive(Clone)]
 pub struct PageReader {
-    tree: sled::Tree,
+    tree: std::sync::Weak<sled::Tree>,
     pages: Arc<parking_lot::Mutex<()>>,
     retired: Arc<AtomicU64>,
 }
@@ -535,36 +541,49 @@ impl PageReader {
     /// not an overlay holds them too; `order` as for [`Store::get_many`], which takes
     /// them. sled alone is read, with no overlay: what a commit meanwhile puts in the
     /// overlay is found there first, and what a fold meanwhile writes into sled comes
-    /// from an overlay that `get_many` either still reads or, once it retired, refuses
-    /// these records for.
+    /// from an overlay that `get_many` either still reads (the one retired last
+    /// included) or refuses these records for. The pages are walked by turns of the
+    /// lock over them ([`READ_AHEAD_KEYS_PER_TURN`]); a key whose record would pass
+    /// [`STORED_AHEAD_BYTES_MAX`], and those after it, are left unread.
     pub fn read(&self, keys: &[&str], order: Option<&[u32]>, into: &mut StoredAhead) -> Result<()> {
         into.clear();
         // Before any page is read: a fold that retires its overlay after this may have
         // written pages the walk read before.
         into.read_at = Some((Arc::clone(&self.retired), self.retired.load(Ordering::Acquire)));
         into.spans.resize(keys.len(), Span::Unread);
+        let Some(tree) = self.tree.upgrade() else {
+            // The store is gone: its batch loop will not ask.
+            return Ok(());
+        };
         let all = in_key_order(keys, (0..keys.len()).collect(), order);
         let StoredAhead { bytes, spans, .. } = into;
         let mut walk = self.pages.lock();
-        for turn in all.chunks(READ_AHEAD_KEYS_PER_TURN) {
-            if bytes.len() >= STORED_AHEAD_BYTES_MAX {
-                break;
+        let mut full = false;
+        for (n, turn) in all.chunks(READ_AHEAD_KEYS_PER_TURN).enumerate() {
+            if n > 0 {
+                // Each turn searches sled anew: a fold may apply a chunk between two.
+                parking_lot::MutexGuard::bump(&mut walk);
             }
-            // Each turn searches sled anew: a fold may have applied a chunk between two.
-            walk_pages(&self.tree, keys, turn, spans, |span, i, page| {
-                *span = match page.map(|page| Page::lookup_raw(page, keys[i])).transpose()?.flatten() {
-                    Some(record) => {
-                        let start = bytes.len();
+            walk_pages(&tree, keys, turn, spans, |span, i, page| {
+                let record = page.map(|page| Page::lookup_raw(page, keys[i])).transpose()?.flatten();
+                let start = bytes.len();
+                *span = match record.map(|record| (record, start + record.len())) {
+                    // Within `STORED_AHEAD_BYTES_MAX`, so the ends fit in a u32.
+                    Some((record, end)) if end <= STORED_AHEAD_BYTES_MAX => {
                         bytes.extend_from_slice(record);
-                        // A record is at most `state_bytes_max` (1 GiB at most) and the
-                        // bytes stop growing past `STORED_AHEAD_BYTES_MAX`.
-                        Span::At(start as u32, bytes.len() as u32)
+                        Span::At(start as u32, end as u32)
+                    }
+                    Some(_) => {
+                        full = true;
+                        return Ok(false);
                     }
                     None => Span::Absent,
                 };
-                Ok(bytes.len() < STORED_AHEAD_BYTES_MAX)
+                Ok(true)
             })?;
-            parking_lot::MutexGuard::bump(&mut walk);
+            if full {
+                break;
+            }
         }
         Ok(())
     }
@@ -614,18 +633,13 @@ impl StoredAhead {
         Some(counter.load(Ordering::Acquire).saturating_sub(*at))
     }
 
-    /// The `i`th key's record.
+    /// The `i`th key's record (`Unread` past the keys).
     fn record(&self, i: usize) -> Ahead<'_> {
-        self.get(i).unwrap_or(Ahead::Unread)
-    }
-
-    /// The `i`th key's record, if there are `i` keys.
-    fn get(&self, i: usize) -> Option<Ahead<'_>> {
-        Some(match *self.spans.get(i)? {
-            Span::Unread => Ahead::Unread,
-            Span::Absent => Ahead::Absent,
-            Span::At(start, end) => Ahead::Found(&self.bytes[start as usize..end as usize]),
-        })
+        match self.spans.get(i) {
+            None | Some(Span::Unread) => Ahead::Unread,
+            Some(Span::Absent) => Ahead::Absent,
+            Some(&Span::At(start, end)) => Ahead::Found(&self.bytes[start as usize..end as usize]),
+        }
     }
 }
 
@@ -838,6 +852,7 @@ impl Store {
             RedoLog::open(&folding_log, &mut replay)?;
         }
         let log = RedoLog::open(&dir.join(REDO_LOG), &mut replay)?;
+        let read_tree = Arc::new(tree.clone());
         let mut store = Self {
             folder: Folder { dir: dir.to_owned(), db, tree, pages: Arc::default() },
             log,
@@ -856,6 +871,7 @@ impl Store {
             unusable: None,
             retired: Arc::default(),
             retired_last: None,
+            read_tree,
         };
         store.fold()?;
         Ok(store)
@@ -949,7 +965,7 @@ impl Store {
     /// read ahead ([`PageReader`]).
     pub fn page_reader(&self) -> PageReader {
         PageReader {
-            tree: self.folder.tree.clone(),
+            tree: Arc::downgrade(&self.read_tree),
             pages: self.folder.pages.clone(),
             retired: Arc::clone(&self.retired),
         }
@@ -1023,8 +1039,8 @@ impl Store {
             for overlay in self.folding.as_deref().into_iter().chain(since) {
                 overlay.prefetch_ahead(&hashes, i);
             }
-            if let Some(Ahead::Found(bytes)) = ahead.and_then(|a| a.get(i + OUT_OF_ORDER_AHEAD)) {
-                crate::prefetch::prefetch(&bytes[0]);
+            if let Some(Ahead::Found([first, ..])) = ahead.map(|a| a.record(i + OUT_OF_ORDER_AHEAD)) {
+                crate::prefetch::prefetch(first);
             }
             let buffered = self.buffered_record_hashed(key, hashes[i]).or_else(|| since?.get_hashed(key, hashes[i]));
             match (buffered, ahead.map(|a| a.record(i))) {
@@ -1152,7 +1168,8 @@ impl Store {
     /// their budget: the overlay is set aside for it (reads still see it) and the log
     /// moves aside to `redo.folding.log`, so that the next commits go on into a new
     /// overlay and log meanwhile. When the previous fold has not finished, this waits
-    /// for it first, so at most two overlays are held. A fold that failed is reported
+    /// for it first, so at most two overlays are held (besides `retired_last`, which
+    /// this releases first: the batch after its retirement has loaded). A fold that failed is reported
     /// here, by the call after it; every commit stays in the logs, and the next open
     /// replays them.
     pub fn fold_if_due(&mut self) -> Result<()> {
@@ -1904,12 +1921,67 @@ mod tests {
         }
         assert_eq!(get(&store, &altered), vec![rec(Some(b"b1"), None), None, rec(Some(b"a4"), None)]);
 
+        // A fold in place (the end of a run) retires the overlay too.
+        store.page_reader().read(&keys, None, &mut ahead).unwrap();
+        put(&mut store, 6, "a", b"a5");
+        store.flush().unwrap();
+        assert_eq!(ahead.age(&store.retired), Some(1));
+        assert_eq!(get(&store, &ahead), vec![rec(Some(b"b1"), None), None, rec(Some(b"a5"), None)]);
+
         // Another store's records are not used either.
         let other_dir = tempfile::tempdir().unwrap();
         let other = Store::open(other_dir.path(), 1 << 20, 64 << 20, 64 << 20).unwrap();
         let mut theirs = StoredAhead::default();
         other.page_reader().read(&keys, None, &mut theirs).unwrap();
-        assert_eq!(get(&store, &theirs), vec![rec(Some(b"b1"), None), None, rec(Some(b"a4"), None)]);
+        assert_eq!(get(&store, &theirs), vec![rec(Some(b"b1"), None), None, rec(Some(b"a5"), None)]);
+    }
+
+    /// Records read ahead by many turns over many pages, while a fold that stopped short
+    /// left sled half written (its overlay still read) and commits came after the read.
+    #[test]
+    fn records_read_ahead_by_turns_match_the_committed_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path(), 1 << 20, 64 << 20, 64 << 20).unwrap();
+        let keys: Vec<String> = (0..300).map(|i| format!("k{i:04}")).collect();
+        let mut model: std::collections::BTreeMap<String, KeyRecord> = std::collections::BTreeMap::new();
+        let mut batch = 0;
+        let mut commit =
+            |store: &mut Store, model: &mut std::collections::BTreeMap<String, KeyRecord>, every: usize| {
+                batch += 1;
+                let value = format!("v{batch}").into_bytes();
+                let changes: Vec<KeyChange> = keys
+                    .iter()
+                    .step_by(every)
+                    .map(|k| KeyChange { key: k.clone(), before: None, after: rec(Some(&value), Some(batch)) })
+                    .collect();
+                for change in &changes {
+                    model.insert(change.key.clone(), change.after.clone().unwrap());
+                }
+                store
+                    .commit(&changes, &Checkpoint { next_batch_id: batch as u64, ..Checkpoint::default() }, false)
+                    .unwrap();
+            };
+        commit(&mut store, &mut model, 1);
+        store.flush().unwrap();
+        commit(&mut store, &mut model, 3);
+        store.background_chunks_max = 1;
+        store.start_fold().unwrap();
+        store.settle().unwrap();
+        assert!(store.folding.is_some(), "the fold stopped short");
+
+        let mut asked: Vec<&str> = keys.iter().map(String::as_str).rev().collect();
+        asked.extend(["a", "k", "z"]);
+        let mut ahead = StoredAhead::default();
+        store.page_reader().read(&asked, None, &mut ahead).unwrap();
+        assert!(asked.len() > 10 * READ_AHEAD_KEYS_PER_TURN);
+        assert!(ahead.spans.iter().all(|span| !matches!(span, Span::Unread)), "every turn read its keys");
+        commit(&mut store, &mut model, 5);
+
+        assert_eq!(ahead.age(&store.retired), Some(0), "the records are used");
+        let mut got = Vec::new();
+        store.get_many(&asked, None, Some(&ahead), &mut got).unwrap();
+        let want: Vec<Option<KeyRecord>> = asked.iter().map(|k| model.get(*k).cloned()).collect();
+        assert_eq!(got, want);
     }
 
     fn rec(value: Option<&[u8]>, timeout_ms: Option<i64>) -> Option<KeyRecord> {
@@ -2320,6 +2392,8 @@ mod model {
 
     #[test]
     fn random_operations_with_reboots_match_the_model() {
+        // Records read ahead that were used: in all, and after an overlay retired.
+        let (mut used, mut used_retired) = (0, 0);
         for seed in 0..8u64 {
             let dir = tempfile::tempdir().unwrap();
             let mut rng = Rng::new(seed);
@@ -2328,12 +2402,23 @@ mod model {
             let mut store = Store::open(dir.path(), 1 << 20, buffer, buffer).unwrap();
             let mut model = Model::default();
             let keys: Vec<String> = (0..40).map(|i| format!("key-{i}")).collect();
-            // Records read ahead (as the input thread does) some steps before they are
-            // used: commits, folds and reboots come between.
-            let mut ahead: Option<(Vec<&str>, StoredAhead)> = None;
+            // Records read ahead (as the input thread does) a few steps before they
+            // are used: commits, folds and reboots may come between.
+            let mut ahead: Option<(usize, Vec<&str>, StoredAhead)> = None;
             for step in 0..1500 {
                 let context = format!("seed {seed} step {step}");
-                if step % 100 == 50 {
+                if ahead.as_ref().is_some_and(|(due, _, _)| *due == step) {
+                    let (_, asked, stored) = ahead.take().unwrap();
+                    let want: Vec<Option<KeyRecord>> = asked.iter().map(|k| model.committed.get(*k).cloned()).collect();
+                    let age = stored.age(&store.retired);
+                    let retired = age == Some(1) && store.retired_last.is_some();
+                    used += usize::from(age == Some(0) || retired);
+                    used_retired += usize::from(retired);
+                    let mut got = Vec::new();
+                    store.get_many(&asked, None, Some(&stored), &mut got).unwrap();
+                    assert_eq!(got, want, "{context}, read ahead");
+                }
+                if ahead.is_none() && rng.range(0, 10) == 0 {
                     let mut asked: Vec<&str> =
                         keys.iter().map(String::as_str).filter(|_| rng.range(0, 2) == 0).collect();
                     asked.extend(["", "key-", "zzz"]);
@@ -2342,7 +2427,7 @@ mod model {
                     }
                     let mut stored = StoredAhead::default();
                     store.page_reader().read(&asked, None, &mut stored).unwrap();
-                    ahead = Some((asked, stored));
+                    ahead = Some((step + rng.range(1, 6) as usize, asked, stored));
                 }
                 match rng.range(0, 100) {
                     // Change a key (update, remove, set or clear its timer).
@@ -2365,6 +2450,13 @@ mod model {
                         want.sort();
                         want.truncate(limit);
                         assert_eq!(store.expired_timers(threshold, limit).unwrap(), want, "{context}");
+                    }
+                    // A fold on its own thread, waited for, as `fold_if_due` takes one
+                    // that finished: its overlay is the one retired last until the next
+                    // commit.
+                    92..=93 => {
+                        store.start_fold().unwrap();
+                        store.settle().unwrap();
                     }
                     // Reboot: the uncommitted batch is lost, the rest survives; at
                     // times the crash comes in the middle of a fold.
@@ -2413,13 +2505,6 @@ mod model {
                         store.get_many(&asked, Some(&order), None, &mut got).unwrap();
                         assert_eq!(got, want, "{context}, {how}");
                     }
-                    if let Some((asked, stored)) = ahead.take() {
-                        let want: Vec<Option<KeyRecord>> =
-                            asked.iter().map(|k| model.committed.get(*k).cloned()).collect();
-                        let mut got = Vec::new();
-                        store.get_many(&asked, None, Some(&stored), &mut got).unwrap();
-                        assert_eq!(got, want, "{context}, read ahead");
-                    }
                     // The merged views (sled and the unfolded commits) as well.
                     store.check_consistency().unwrap_or_else(|e| panic!("{context}: {e}"));
                     let stored: Vec<(String, KeyRecord)> = store.iter_keys().map(Result::unwrap).collect();
@@ -2433,5 +2518,9 @@ mod model {
             let want: Vec<(String, KeyRecord)> = model.committed.into_iter().collect();
             assert_eq!(stored, want, "seed {seed}");
         }
+        assert!(
+            used > 100 && used_retired > 5,
+            "records read ahead used {used} times, {used_retired} after a retirement"
+        );
     }
 }
