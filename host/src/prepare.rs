@@ -49,8 +49,9 @@ pub(crate) struct Request {
     pub keys_max: usize,
     /// How long stdin may wait for a first line.
     pub wait: Duration,
-    /// Read the stored records of the batch's keys ahead too (a file input's batches
-    /// for a 0.1 plugin, which `Store::get_many` loads them for).
+    /// Read the stored records of the batch's keys ahead too (for a 0.1 plugin, which
+    /// `Store::get_many` loads them for; a seekable input's batches only, prepared on
+    /// a thread of their own).
     pub read_stored: bool,
 }
 

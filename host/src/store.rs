@@ -29,8 +29,9 @@
 //! removed; a crash before leaves both logs, and the next open replays them in order.
 //! One fold runs at a time: a fold due while another runs waits for it, so at most two
 //! overlays are held, besides the one retired last until the next batch has loaded
-//! (the memory it holds is the one a spare would keep). At the end of a run ([`Store::flush`]) and when the store opens,
-//! after replaying the logs, the fold runs in place.
+//! (the memory it holds is the one a spare would keep). At the end of a run
+//! ([`Store::flush`]) and when the store opens, after replaying the logs, the fold runs
+//! in place.
 //!
 //! Firing timeouts scans the deadline index below the threshold only: the pages whose
 //! earliest deadline has passed, merged with the overlays' timers. O(pages with an
@@ -509,8 +510,8 @@ impl StoreReader {
 /// Reads the records sled holds for a batch's keys ahead of the batch: on the input
 /// thread, while the batch before it runs (see [`Store::page_reader`]). A batch over a
 /// million keys touches every page of the store, and that walk was a quarter of the
-/// batch loop's time.
-/// It holds sled open only while it reads: once the store is dropped, it reads nothing.
+/// batch loop's time. It holds sled open only while it reads: once the store is
+/// dropped, it reads nothing.
 #[derive(Clone)]
 pub struct PageReader {
     tree: std::sync::Weak<sled::Tree>,
@@ -1169,9 +1170,9 @@ impl Store {
     /// moves aside to `redo.folding.log`, so that the next commits go on into a new
     /// overlay and log meanwhile. When the previous fold has not finished, this waits
     /// for it first, so at most two overlays are held (besides `retired_last`, which
-    /// this releases first: the batch after its retirement has loaded). A fold that failed is reported
-    /// here, by the call after it; every commit stays in the logs, and the next open
-    /// replays them.
+    /// this releases first: the batch after its retirement has loaded). A fold that
+    /// failed is reported here, by the call after it; every commit stays in the logs,
+    /// and the next open replays them.
     pub fn fold_if_due(&mut self) -> Result<()> {
         self.usable()?;
         if let Some(last) = self.retired_last.take() {
