@@ -611,13 +611,6 @@ enum Span {
     At(u32, u32),
 }
 
-/// A key's record in a [`StoredAhead`].
-enum Ahead<'a> {
-    Unread,
-    Absent,
-    Found(&'a [u8]),
-}
-
 impl StoredAhead {
     /// Forgets what was read (its memory is kept for the next batch).
     pub fn clear(&mut self) {
@@ -634,12 +627,13 @@ impl StoredAhead {
         Some(counter.load(Ordering::Acquire).saturating_sub(*at))
     }
 
-    /// The `i`th key's record (`Unread` past the keys).
-    fn record(&self, i: usize) -> Ahead<'_> {
-        match self.spans.get(i) {
-            None | Some(Span::Unread) => Ahead::Unread,
-            Some(Span::Absent) => Ahead::Absent,
-            Some(&Span::At(start, end)) => Ahead::Found(&self.bytes[start as usize..end as usize]),
+    /// The `i`th key's encoded record as sled held it (`Some(None)`: none), as the
+    /// overlays answer; `None` when it was not read (or there is no `i`th key).
+    fn record(&self, i: usize) -> Option<Option<&[u8]>> {
+        match *self.spans.get(i)? {
+            Span::Unread => None,
+            Span::Absent => Some(None),
+            Span::At(start, end) => Some(Some(&self.bytes[start as usize..end as usize])),
         }
     }
 }
@@ -1040,15 +1034,14 @@ impl Store {
             for overlay in self.folding.as_deref().into_iter().chain(since) {
                 overlay.prefetch_ahead(&hashes, i);
             }
-            if let Some(Ahead::Found([first, ..])) = ahead.map(|a| a.record(i + OUT_OF_ORDER_AHEAD)) {
+            if let Some(Some([first, ..])) = ahead.and_then(|a| a.record(i + OUT_OF_ORDER_AHEAD)) {
                 crate::prefetch::prefetch(first);
             }
             let buffered = self.buffered_record_hashed(key, hashes[i]).or_else(|| since?.get_hashed(key, hashes[i]));
-            match (buffered, ahead.map(|a| a.record(i))) {
+            match (buffered, ahead.and_then(|a| a.record(i))) {
                 (Some(record), _) => out[i] = record.map(|bytes| codec::decode("overlay record", bytes)).transpose()?,
-                (None, Some(Ahead::Found(bytes))) => out[i] = Some(codec::decode("page record", bytes)?),
-                (None, Some(Ahead::Absent)) => {}
-                (None, Some(Ahead::Unread) | None) => stored.push(i),
+                (None, Some(record)) => out[i] = record.map(|bytes| codec::decode("page record", bytes)).transpose()?,
+                (None, None) => stored.push(i),
             }
         }
         if stored.is_empty() {
@@ -1175,9 +1168,7 @@ impl Store {
     /// and the next open replays them.
     pub fn fold_if_due(&mut self) -> Result<()> {
         self.usable()?;
-        if let Some(last) = self.retired_last.take() {
-            self.recycle(last);
-        }
+        self.release_retired_last();
         if self.fold_thread.as_ref().is_some_and(JoinHandle::is_finished) {
             self.settle()?;
         }
@@ -1296,10 +1287,8 @@ impl Store {
     /// faulted in page by page (together a third of the time of applying a commit at a
     /// million keys); the two overlays a background fold needs are held either way.
     fn fresh_overlay(&mut self) -> Arc<Overlay> {
-        if self.spare.is_none()
-            && let Some(last) = self.retired_last.take()
-        {
-            self.recycle(last);
+        if self.spare.is_none() {
+            self.release_retired_last();
         }
         let overlay = self.spare.take().unwrap_or_else(|| Overlay::with_arena_capacity(self.overlay_room()));
         Arc::new(overlay)
@@ -1317,6 +1306,13 @@ impl Store {
         self.retired.fetch_add(1, Ordering::Release);
         if let Some(before) = self.retired_last.replace(folded) {
             self.recycle(before);
+        }
+    }
+
+    /// Recycles the overlay retired last, whose records no load reads any more.
+    fn release_retired_last(&mut self) {
+        if let Some(last) = self.retired_last.take() {
+            self.recycle(last);
         }
     }
 
