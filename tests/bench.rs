@@ -133,13 +133,14 @@ fn usage(problem: &str) -> ! {
         eprintln!("bench: {problem}");
     }
     eprintln!(
-        "usage: bench throughput [--events N,..] [--sensors K,..] [--runs R] [--batch-events B] [--configs floor,native,wasm,wasm-v2]"
+        "usage: bench throughput [--events N,..] [--sensors K,..] [--runs R] [--batch-events B] [--configs {}]",
+        CONFIGS.join(",")
     );
     eprintln!("       bench timers [--keys 10000,1000000] [--batches B]");
     eprintln!("       bench swap [--runs R]");
     eprintln!("       bench state [--size N] [--ops K] [--runs R]");
     eprintln!("       bench kafka [--events N] [--sensors K] [--runs R] [--restore-keys K] [--partition-workers W]");
-    eprintln!("       bench one floor|native|wasm|wasm-v2 FILE [--batch-events B]   (one run, one JSON line)");
+    eprintln!("       bench one {} FILE [--batch-events B]   (one run, one JSON line)", CONFIGS.join("|"));
     std::process::exit(if problem.is_empty() { 0 } else { 2 });
 }
 
