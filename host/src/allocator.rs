@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use mimalloc::MiMalloc;
 
+use crate::store::SEGMENT_BYTES;
+
 /// mimalloc's `mi_option_purge_delay` (its option enum, mimalloc 3 as built by
 /// libmimalloc-sys 0.1.49, which names the option after it but not it).
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
@@ -18,18 +20,20 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// (BENCHMARKS.md).
 const PURGE_DELAY_MS: std::ffi::c_long = 100;
 
-/// sled's log buffer: one segment (sled 0.34's default 512 KiB, which groupstate keeps),
+/// sled's log buffer: one segment of a new store ([`SEGMENT_BYTES`]; a store created
+/// with sled's default, 512 KiB, keeps it, and its buffers go straight to mimalloc),
 /// 8 KiB-aligned. sled allocates one each time the previous fills, and frees it once
 /// written: over 10M events and 1M keys, gigabytes that mimalloc handed back to the
 /// system after its purge delay and the fold faulted in again, page by page.
-const IO_BUFFER_BYTES: usize = 512 << 10;
+const IO_BUFFER_BYTES: usize = SEGMENT_BYTES;
 const IO_BUFFER_ALIGN: usize = 8192;
 
 /// Freed log buffers kept for the next ones, 8 MiB at most. sled has many in flight
 /// during a fold, and frees them in bursts as its I/O threads write them: over 1M
-/// events and 1M keys, 4 kept served a fifth of the 621 buffers asked for, 16 kept
-/// 69%, and a 10M-event run took 5% less CPU time (BENCHMARKS.md).
-const IO_BUFFERS_KEPT: usize = 16;
+/// events and 1M keys, 4 kept (of 512 KiB) served a fifth of the 621 buffers asked
+/// for, 16 kept 69%, and a 10M-event run took 5% less CPU time (BENCHMARKS.md). Of
+/// 1 MiB buffers, 8 kept ran as fast as 16 with 2 MiB segments.
+const IO_BUFFERS_KEPT: usize = 8;
 
 static KEPT: [AtomicPtr<u8>; IO_BUFFERS_KEPT] = [const { AtomicPtr::new(ptr::null_mut()) }; IO_BUFFERS_KEPT];
 

@@ -9,9 +9,13 @@
 //! page (its earliest deadline). So a million small keys make some ten thousand pages,
 //! and a fold writes each changed page once.
 //!
-//! Why 8 KiB: at a million keys, 4, 8 and 16 KiB pages gave about 150k, 190k and 220k
-//! events/s (BENCHMARKS.md); sled's leaves hold up to 16 items and store a leaf over
-//! about 128 KiB as a file of its own, which larger pages would make the rule.
+//! Why 16 KiB: a fold writes every page a batch's keys fall in, and at a million keys
+//! that is nearly all of them, so sled's cost per item written (and per item stepped
+//! over by a walk) is paid per page. At 10M events over 1M sensors, 16 KiB pages ran
+//! 5–8% faster than 8 KiB (BENCHMARKS.md). sled's leaves hold up to 16 items, and it
+//! writes a leaf over a quarter of its log segment as a file of its own, so the store's
+//! segments are 1 MiB (`store::SEGMENT_BYTES`); 24 and 32 KiB pages ran a few percent
+//! faster still but peaked past the 256 MiB budget there.
 
 use crate::codec::{self, DecodeError};
 use crate::key_order::cmp_keys;
@@ -19,7 +23,7 @@ use crate::records::{KeyRecord, KeyRecordRef};
 
 /// A page is split when its encoding grows past this (a few in tests, so that the
 /// model test splits and empties pages all the time).
-pub(crate) const PAGE_BYTES_MAX: usize = if cfg!(test) { 64 } else { 8192 };
+pub(crate) const PAGE_BYTES_MAX: usize = if cfg!(test) { 64 } else { 16 << 10 };
 
 /// The records of one key range, sorted by key.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

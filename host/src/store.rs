@@ -95,6 +95,15 @@ struct World {
     keyed_layout: Option<u32>,
 }
 
+/// sled's log segment for a new store (sled's default is 512 KiB). A leaf of sled's
+/// tree holds up to 16 items, and sled writes an item over a quarter of a segment (a
+/// leaf it rewrites whole included) as a file of its own: 1 MiB keeps a leaf of 16 pages
+/// of up to [`PAGE_BYTES_MAX`] in the log. At 10M events over 1M sensors, 16 KiB pages
+/// with 1 MiB segments ran 4–9% faster than 8 KiB pages with 512 KiB (BENCHMARKS.md).
+/// sled opens a store only with the segment size it was created with, so an older
+/// store keeps its own ([`segment_bytes`]).
+pub(crate) const SEGMENT_BYTES: usize = 1 << 20;
+
 /// How often `open` retries a locked database (20 ms apart, 5 s in all) before giving up.
 const OPEN_LOCK_RETRIES: u32 = 250;
 
@@ -748,7 +757,9 @@ fn parse_index_key(raw: &[u8]) -> Result<(i64, Vec<u8>)> {
 ///   replays its log from there, as after any crash;
 /// - its `conf` (storage parameters, written once, at creation: the contents, then a
 ///   checksum) cut short before the checksum. sled writes it again from the `Config`,
-///   whose storage parameters groupstate never changes (sled's defaults).
+///   with the storage parameters of a new store ([`SEGMENT_BYTES`]); sled writes its
+///   `conf` before it creates its data file, so only a store that lost it in a power
+///   failure could have been created with others.
 ///
 /// Called only after sled refused to open for corruption, so after it held the
 /// directory's lock: no other process is writing either.
@@ -764,10 +775,7 @@ fn drop_unfinished_sled_files(dir: &Path) -> Result<bool> {
         } else if name == "conf" {
             let bytes = std::fs::read(&path).map_err(fs("read sled's conf"))?;
             // sled reads a conf of 8 bytes or fewer as none and writes it again.
-            bytes.len() > 8 && {
-                let (contents, crc) = bytes.split_at(bytes.len() - 4);
-                crc32fast::hash(contents).to_le_bytes() != crc
-            }
+            bytes.len() > 8 && whole_conf(&bytes).is_none()
         } else {
             false
         };
@@ -778,6 +786,32 @@ fn drop_unfinished_sled_files(dir: &Path) -> Result<bool> {
         }
     }
     Ok(dropped)
+}
+
+/// The contents of sled's `conf` when it is whole: more than 8 bytes, the last 4 the
+/// checksum of the others.
+fn whole_conf(bytes: &[u8]) -> Option<&[u8]> {
+    if bytes.len() <= 8 {
+        return None;
+    }
+    let (contents, crc) = bytes.split_at(bytes.len() - 4);
+    (crc32fast::hash(contents).to_le_bytes() == crc).then_some(contents)
+}
+
+/// The segment size of the sled store in `dir`, from its whole `conf` (sled's storage
+/// parameters, written at its creation), or [`SEGMENT_BYTES`] for a new store. A
+/// `conf` sled had not finished is dropped and written again at open
+/// ([`drop_unfinished_sled_files`]), with this segment size.
+fn segment_bytes(dir: &Path) -> usize {
+    std::fs::read(dir.join("conf"))
+        .ok()
+        .as_deref()
+        .and_then(whole_conf)
+        .and_then(|contents| {
+            let text = std::str::from_utf8(contents).ok()?;
+            text.lines().find_map(|line| line.strip_prefix("segment_size: ")?.trim().parse().ok())
+        })
+        .unwrap_or(SEGMENT_BYTES)
 }
 
 impl Store {
@@ -792,6 +826,7 @@ impl Store {
         let config = sled::Config::new()
             .path(dir)
             .cache_capacity(cache_bytes)
+            .segment_size(segment_bytes(dir))
             // Folds flush sled themselves; the background flush only bounds what a
             // crash can lose of the other writes (plans, the pipeline identity).
             .flush_every_ms(Some(1000));
@@ -1809,6 +1844,35 @@ mod tests {
             assert_eq!(store.get("a").unwrap(), rec(Some(b"1"), Some(100)), "{unfinished}");
             assert_eq!(store.checkpoint().unwrap().unwrap().next_batch_id, 1);
         }
+    }
+
+    /// sled opens a store only with the segment size it was created with: a store
+    /// created with sled's default (before groupstate chose its own) keeps it, and a
+    /// new one has groupstate's.
+    #[test]
+    fn a_store_keeps_the_segment_size_it_was_created_with() {
+        let legacy = 512 << 10;
+        assert_ne!(legacy, SEGMENT_BYTES);
+        let old = tempfile::tempdir().unwrap();
+        sled::Config::new().path(old.path()).segment_size(legacy).open().unwrap().flush().unwrap();
+        let new = tempfile::tempdir().unwrap();
+        for (dir, segment) in [(&old, legacy), (&new, SEGMENT_BYTES)] {
+            for reopen in [false, true] {
+                let mut store = Store::open(dir.path(), 1 << 20, 1 << 20, 1 << 20)
+                    .unwrap_or_else(|e| panic!("{segment} (reopen {reopen}): {e}"));
+                if !reopen {
+                    let changes = vec![KeyChange { key: "a".into(), before: None, after: rec(Some(b"1"), None) }];
+                    store.commit(&changes, &Checkpoint { next_batch_id: 1, ..Checkpoint::default() }, true).unwrap();
+                    store.flush().unwrap();
+                }
+                assert_eq!(store.get("a").unwrap(), rec(Some(b"1"), None));
+                assert_eq!(segment_bytes(dir.path()), segment);
+            }
+        }
+        // A conf cut short is not read.
+        let conf = std::fs::read(new.path().join("conf")).unwrap();
+        assert_eq!(whole_conf(&conf[..conf.len() - 1]), None);
+        assert!(whole_conf(&conf).is_some_and(|contents| contents.starts_with(b"segment_size: ")));
     }
 
     /// A durable commit over many keys updates the overlay while its log append waits
