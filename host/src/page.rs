@@ -6,13 +6,13 @@
 //! times per changed key (the record and two deadline-index entries). A page holds the
 //! records of the keys from its start key up to the next page's start, sorted, and a
 //! page outgrowing [`PAGE_BYTES_MAX`] is split; the deadline index holds one entry per
-//! page (its earliest deadline). So a million small keys make some ten thousand pages,
+//! page (its earliest deadline). So a million small keys make a few thousand pages,
 //! and a fold writes each changed page once.
 //!
-//! Why 16 KiB: a fold writes every page a batch's keys fall in, and at a million keys
+//! Why 16 KiB: a fold writes every page one of its keys falls in, and at a million keys
 //! that is nearly all of them, so sled's cost per item written (and per item stepped
 //! over by a walk) is paid per page. At 10M events over 1M sensors, 16 KiB pages ran
-//! 5–8% faster than 8 KiB (BENCHMARKS.md). sled's leaves hold up to 16 items, and it
+//! 4–7% faster than 8 KiB (BENCHMARKS.md). sled's leaves hold up to 16 items, and it
 //! writes a leaf over a quarter of its log segment as a file of its own, so the store's
 //! segments are 1 MiB (`store::SEGMENT_BYTES`); 24 and 32 KiB pages ran a few percent
 //! faster still but peaked past the 256 MiB budget there.

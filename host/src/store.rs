@@ -98,10 +98,9 @@ struct World {
 /// sled's log segment for a new store (sled's default is 512 KiB). A leaf of sled's
 /// tree holds up to 16 items, and sled writes an item over a quarter of a segment (a
 /// leaf it rewrites whole included) as a file of its own: 1 MiB keeps a leaf of 16 pages
-/// of up to [`PAGE_BYTES_MAX`] in the log. At 10M events over 1M sensors, 16 KiB pages
-/// with 1 MiB segments ran 4–9% faster than 8 KiB pages with 512 KiB (BENCHMARKS.md).
-/// sled opens a store only with the segment size it was created with, so an older
-/// store keeps its own ([`segment_bytes`]).
+/// of up to [`PAGE_BYTES_MAX`] in the log (with 512 KiB segments, 16 KiB pages were
+/// little faster than 8 KiB, BENCHMARKS.md). sled opens a store only with the segment
+/// size it was created with, so an older store keeps its own ([`segment_bytes`]).
 pub(crate) const SEGMENT_BYTES: usize = 1 << 20;
 
 /// How often `open` retries a locked database (20 ms apart, 5 s in all) before giving up.
