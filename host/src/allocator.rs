@@ -31,8 +31,9 @@ const IO_BUFFER_ALIGN: usize = 8192;
 /// Freed log buffers kept for the next ones, 8 MiB at most. sled has many in flight
 /// during a fold, and frees them in bursts as its I/O threads write them: over 1M
 /// events and 1M keys, 4 kept (of 512 KiB) served a fifth of the 621 buffers asked
-/// for, 16 kept 69%, and a 10M-event run took 5% less CPU time (BENCHMARKS.md). Of
-/// 1 MiB buffers, 8 kept ran as fast as 16 with 2 MiB segments.
+/// for, 16 kept 69%, and a 10M-event run took 5% less CPU time (BENCHMARKS.md). With
+/// 1 MiB segments, 8 kept ran at least as fast as 2 MiB segments with 4 or 8 kept, and
+/// peaked lower.
 const IO_BUFFERS_KEPT: usize = 8;
 
 static KEPT: [AtomicPtr<u8>; IO_BUFFERS_KEPT] = [const { AtomicPtr::new(ptr::null_mut()) }; IO_BUFFERS_KEPT];
