@@ -268,9 +268,6 @@ pub struct Store {
     /// [`PageReader`] read are good while this has not moved, or has moved by one and
     /// `retired_last` is kept.
     retired: Arc<AtomicU64>,
-    /// sled's tree for the [`PageReader`]s, which hold it weakly: sled stays open
-    /// after the store is dropped only while one reads.
-    read_tree: Arc<sled::Tree>,
     /// The overlay retired last, until the batch after its retirement has loaded its
     /// records (the next [`Store::fold_if_due`]): that batch's keys were read ahead
     /// before it, and for those it holds, it has what sled has now.
@@ -317,7 +314,7 @@ impl EncodedRecords {
 /// Committed state as a batch's 0.2 calls read it: point reads and prefix ranges over
 /// the overlay, the overlay a fold is writing, and sled (see [`Store::reader`]).
 pub struct StoreReader {
-    tree: sled::Tree,
+    tree: Arc<sled::Tree>,
     pages: Arc<parking_lot::Mutex<()>>,
     overlay: Arc<Overlay>,
     folding: Option<Arc<Overlay>>,
@@ -518,8 +515,9 @@ impl StoreReader {
 /// Reads the records sled holds for a batch's keys ahead of the batch: on the input
 /// thread, while the batch before it runs (see [`Store::page_reader`]). A batch over a
 /// million keys touches every page of the store, and that walk was a quarter of the
-/// batch loop's time. It holds sled open only while it reads: once the store is
-/// dropped, it reads nothing.
+/// batch loop's time. It holds sled open only while it reads: once the store and what
+/// shares its tree (a fold on its own thread, a [`StoreReader`]) are gone, it reads
+/// nothing.
 #[derive(Clone)]
 pub struct PageReader {
     tree: std::sync::Weak<sled::Tree>,
@@ -669,7 +667,9 @@ struct Folder {
     /// sled's directory (the redo logs and the fold marker are in it too).
     dir: PathBuf,
     db: sled::Db,
-    tree: sled::Tree,
+    /// Shared with the [`PageReader`]s, which hold it weakly: sled stays open after
+    /// the store (and a fold it started) is gone only while one reads.
+    tree: Arc<sled::Tree>,
     /// Held while a fold applies a chunk and while [`Store::expired_timers`] walks the
     /// deadline index and the pages it names, so that the walk sees each chunk whole
     /// (sled makes each single read atomic, not a walk); also while
@@ -881,9 +881,8 @@ impl Store {
             RedoLog::open(&folding_log, &mut replay)?;
         }
         let log = RedoLog::open(&dir.join(REDO_LOG), &mut replay)?;
-        let read_tree = Arc::new(tree.clone());
         let mut store = Self {
-            folder: Folder { dir: dir.to_owned(), db, tree, pages: Arc::default() },
+            folder: Folder { dir: dir.to_owned(), db, tree: Arc::new(tree), pages: Arc::default() },
             log,
             overlay: Arc::new(overlay),
             folding: None,
@@ -900,7 +899,6 @@ impl Store {
             unusable: None,
             retired: Arc::default(),
             retired_last: None,
-            read_tree,
         };
         store.fold()?;
         Ok(store)
@@ -982,7 +980,7 @@ impl Store {
     pub fn reader(&self) -> Result<StoreReader> {
         self.usable()?;
         Ok(StoreReader {
-            tree: self.folder.tree.clone(),
+            tree: Arc::clone(&self.folder.tree),
             pages: self.folder.pages.clone(),
             overlay: Arc::clone(&self.overlay),
             folding: self.folding.clone(),
@@ -994,7 +992,7 @@ impl Store {
     /// read ahead ([`PageReader`]).
     pub fn page_reader(&self) -> PageReader {
         PageReader {
-            tree: Arc::downgrade(&self.read_tree),
+            tree: Arc::downgrade(&self.folder.tree),
             pages: self.folder.pages.clone(),
             retired: Arc::clone(&self.retired),
         }
